@@ -1,0 +1,176 @@
+"""`ds4` entry point: subcommands and user-facing errors (one line, non-zero exit, no traceback)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+from . import __version__
+
+GiB = 1024**3
+
+
+class UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad flag in one line instead of a usage dump."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"{message} (see '{self.prog} --help')")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="ds4",
+        description="DeepSeek V4 Flash, local and in-process: terminal chat and coding agent.",
+        epilog="Model choice: -m PATH, else $DS4_MODEL, else 'model' in ~/.ds4agent/config.toml, "
+        "else the built-in demo model (tiny, random weights).",
+    )
+    p.add_argument("--version", action="version", version=f"ds4agent {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    chat = sub.add_parser("chat", help="interactive chat (what plain 'ds4' runs)")
+    chat.add_argument("-m", "--model", metavar="PATH", help="GGUF model file")
+
+    ins = sub.add_parser("inspect", help="describe a model file without loading its weights")
+    ins.add_argument("model", nargs="?", metavar="MODEL", help="GGUF file (default: the model ds4 would run)")
+    ins.add_argument("--tensors", action="store_true", help="also list every tensor")
+
+    demo = sub.add_parser("demo", help="generate a tiny random-weight DeepSeek V4 GGUF in the real layout")
+    demo.add_argument("--out", metavar="PATH", help="where to write it (default: the cached demo model)")
+    demo.add_argument("--preset", choices=("tiny", "q4"), default="tiny",
+                      help="tiny: IQ2_XXS/Q2_K experts like the q2 release; q4: Q4_K experts")
+    demo.add_argument("--seed", type=int, default=0, help="random seed (same seed, same bytes)")
+    demo.add_argument("--force", action="store_true", help="overwrite --out if it exists")
+    return p
+
+
+# -- commands ---------------------------------------------------------------------------------
+
+def _fmt_gib(n: int) -> str:
+    return f"{n / GiB:.3f} GiB" if n >= GiB / 100 else f"{n / 2**20:.1f} MiB"
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from .engine.info import describe
+    from .modelpath import resolve_model
+
+    path = resolve_model(args.model).path if args.model is None else Path(args.model)
+    r = describe(path)
+    c = r.config
+    ratios = c.compress_ratios
+    n0, n4, n128 = ratios.count(0), ratios.count(4), ratios.count(128)
+    if r.is_flash:
+        layout = "the published DeepSeek V4 Flash layout (every value and tensor checked)"
+    elif r.claims_flash:
+        layout = "claims the DeepSeek V4 Flash shape but differs from it:"
+    elif r.problems:
+        layout = "deepseek4 model with an inconsistent tensor layout:"
+    else:
+        layout = "a deepseek4 model of another shape (not the published Flash), layout consistent"
+    lines = [
+        f"file          {r.path}  ({_fmt_gib(r.file_size)})",
+        f"model         {c.name or '(unnamed)'}  [architecture deepseek4]",
+        f"layout        {layout}",
+    ]
+    lines += [f"                - {p}" for p in r.problems[:20]]
+    if len(r.problems) > 20:
+        lines.append(f"                ... and {len(r.problems) - 20} more")
+    lines += [
+        f"layers        {c.n_layer}: {n0} window-only, {n4} ratio-4 + indexer, {n128} ratio-128; "
+        f"hash-routed {c.n_hash_layer}",
+        f"attention     hidden {c.n_embd}, {c.n_head} heads x {c.head_dim} (rope tail {c.n_rot}), "
+        f"q rank {c.q_lora_rank}, out {c.n_out_group} groups x {c.o_lora_rank}, window {c.sliding_window}",
+        f"indexer       {c.indexer_n_head} heads x {c.indexer_head_dim}, top-k {c.indexer_top_k}",
+        f"moe           {c.n_expert} experts, {c.n_expert_used} active, width {c.expert_ff}, "
+        f"{c.n_shared_expert} shared, scale {c.expert_weights_scale:g}",
+        f"rope          base {c.rope_base:g} (window layers), {c.compress_rope_base:g} + YaRN x{c.rope_scaling_factor:g} "
+        f"(compressed layers, original ctx {c.rope_orig_ctx})",
+        f"hyper-conn.   {c.hc_count} streams, {c.hc_sinkhorn_iters} Sinkhorn iterations",
+        f"vocabulary    {r.vocab_size} tokens, {r.n_merges} merges, {r.n_added} added tokens",
+        "special ids   " + ", ".join(f"{k} {v}" for k, v in r.special_ids.items()),
+        "quant mix     type       tensors        size",
+    ]
+    for q in r.quant_mix:
+        lines.append(f"              {q.type_name:<9}{q.tensors:>8}  {q.nbytes / GiB:>10.3f} GiB")
+    total = sum(q.nbytes for q in r.quant_mix)
+    lines.append(f"              {'total':<9}{len(r.tensors):>8}  {total / GiB:>10.3f} GiB")
+    if args.tensors:
+        lines.append("tensors       name                                         type      GGUF dims")
+        for t in r.tensors:
+            dims = "x".join(str(d) for d in t.dims)
+            lines.append(f"              {t.name:<44} {t.type_name:<9} {dims:<22} {_fmt_gib(t.nbytes):>12}")
+    print("\n".join(lines))
+    return 0 if r.usable else 1
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .engine.demo import default_demo_path, write_demo
+
+    out = Path(args.out) if args.out else default_demo_path(args.preset, args.seed)
+    if out.exists() and out.is_dir():
+        raise UsageError(f"{out}: is a directory; give a file path to --out")
+    if out.exists() and args.out and not args.force:
+        raise UsageError(f"{out}: already exists (pass --force to overwrite it)")
+    if not out.parent.exists():
+        if args.out:
+            raise UsageError(f"{out.parent}: no such directory")
+        out.parent.mkdir(parents=True)
+    t0 = time.perf_counter()
+    write_demo(out, args.preset, args.seed)
+    print(f"wrote {out} ({_fmt_gib(out.stat().st_size)}, preset {args.preset}, seed {args.seed}) "
+          f"in {time.perf_counter() - t0:.1f} s")
+    return 0
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    from .engine.info import describe
+    from .modelpath import DEMO_BANNER, resolve_model
+
+    choice = resolve_model(args.model)
+    if choice.is_demo:
+        print(DEMO_BANNER, file=sys.stderr)
+    r = describe(choice.path)
+    if not r.usable:
+        raise UsageError(f"{choice.path}: {r.problems[0]} (run 'ds4 inspect {choice.path}' for details)")
+    print(f"model ready: {choice.path} ({r.config.name or 'deepseek4'}, {r.config.n_layer} layers, "
+          f"{_fmt_gib(r.file_size)})")
+    print("ds4: the interactive chat is not in this build yet (the MLX engine lands next); "
+          "'ds4 inspect' describes the model.", file=sys.stderr)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from .engine.config import ConfigError
+    from .engine.gguf import GGUFError
+    from .modelpath import ModelChoiceError
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Plain `ds4` and `ds4 -m PATH ...` run the chat.
+    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version")):
+        argv = ["chat", *argv]
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        handler = {"chat": cmd_chat, "inspect": cmd_inspect, "demo": cmd_demo}[args.command]
+        return handler(args)
+    except (UsageError, GGUFError, ConfigError, ModelChoiceError) as e:
+        print(f"ds4: error: {e}", file=sys.stderr)
+        return 2 if isinstance(e, UsageError) else 1
+    except OSError as e:
+        where = f"{e.filename}: " if getattr(e, "filename", None) else ""
+        print(f"ds4: error: {where}{e.strerror or e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("ds4: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,27 @@
+"""The engine: the only package that knows tensors.
+
+Public names are resolved lazily so that front ends importing e.g. the tokenizer do not pay for
+(or depend on) the MLX import.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["Tokenizer", "GGUFError", "ConfigError", "ModelConfig"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Tokenizer":
+        from .tokenizer import Tokenizer
+
+        return Tokenizer
+    if name == "GGUFError":
+        from .gguf import GGUFError
+
+        return GGUFError
+    if name in ("ConfigError", "ModelConfig"):
+        from . import config
+
+        return getattr(config, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

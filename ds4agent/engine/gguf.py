@@ -1,0 +1,446 @@
+"""GGUF v3 reader (one read-only mmap, zero-copy tensor views) and a small writer.
+
+The reader parses only the header: metadata and the tensor directory. Tensor bytes are never
+touched until a caller slices a view, so opening an 81 GiB file costs the header pages (the
+vocabulary dominates) and nothing else. We parse with ``struct`` ourselves rather than using
+``gguf.GGUFReader`` because that reader builds numpy objects for every field of every string
+of the 129 280-token vocabulary, which is several times slower (see tests/test_gguf.py).
+
+Layout (all little-endian)::
+
+    magic "GGUF" | u32 version | u64 n_tensors | u64 n_kv
+    n_kv   × (string key, u32 value_type, value)
+    n_tensors × (string name, u32 n_dims, u64 dims[n_dims], u32 ggml_type, u64 offset)
+    padding to general.alignment, then the data section; tensor offsets are relative to it.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from dataclasses import dataclass
+from enum import IntEnum
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+MAGIC = b"GGUF"
+SUPPORTED_VERSION = 3
+DEFAULT_ALIGNMENT = 32
+# GGML tensors have at most four dimensions; more means a corrupt directory.
+MAX_DIMS = 4
+
+
+class ValueType(IntEnum):
+    UINT8 = 0
+    INT8 = 1
+    UINT16 = 2
+    INT16 = 3
+    UINT32 = 4
+    INT32 = 5
+    FLOAT32 = 6
+    BOOL = 7
+    STRING = 8
+    ARRAY = 9
+    UINT64 = 10
+    INT64 = 11
+    FLOAT64 = 12
+
+
+_SCALAR_FMT: dict[int, str] = {
+    ValueType.UINT8: "<B",
+    ValueType.INT8: "<b",
+    ValueType.UINT16: "<H",
+    ValueType.INT16: "<h",
+    ValueType.UINT32: "<I",
+    ValueType.INT32: "<i",
+    ValueType.FLOAT32: "<f",
+    ValueType.BOOL: "<?",
+    ValueType.UINT64: "<Q",
+    ValueType.INT64: "<q",
+    ValueType.FLOAT64: "<d",
+}
+_NUMPY_DTYPE: dict[int, str] = {
+    ValueType.UINT8: "<u1",
+    ValueType.INT8: "<i1",
+    ValueType.UINT16: "<u2",
+    ValueType.INT16: "<i2",
+    ValueType.UINT32: "<u4",
+    ValueType.INT32: "<i4",
+    ValueType.FLOAT32: "<f4",
+    ValueType.BOOL: "<u1",
+    ValueType.UINT64: "<u8",
+    ValueType.INT64: "<i8",
+    ValueType.FLOAT64: "<f8",
+}
+
+
+class GGUFError(ValueError):
+    """A file that cannot be used as GGUF; the message is one line and names the file."""
+
+
+def type_name(ggml_type: int) -> str:
+    try:
+        return GGMLQuantizationType(ggml_type).name
+    except ValueError:
+        return f"type{ggml_type}"
+
+
+def block_info(ggml_type: int) -> tuple[int, int]:
+    """(elements per block, bytes per block) for a GGML type; KeyError if unknown."""
+    return GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
+
+
+def tensor_nbytes(ggml_type: int, dims: Iterable[int]) -> int:
+    dims = list(dims)
+    block, size = block_info(ggml_type)
+    if dims and dims[0] % block:
+        raise ValueError(f"row of {dims[0]} elements is not a multiple of the {type_name(ggml_type)} block ({block})")
+    n = 1
+    for d in dims:
+        n *= d
+    return n // block * size
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    type: int
+    dims: tuple[int, ...]  # GGUF order, fastest-varying first
+    offset: int  # absolute byte offset in the file
+    nbytes: int
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Logical (numpy) shape: the GGUF dims reversed."""
+        return tuple(reversed(self.dims))
+
+    @property
+    def type_name(self) -> str:
+        return type_name(self.type)
+
+    @property
+    def n_elements(self) -> int:
+        n = 1
+        for d in self.dims:
+            n *= d
+        return n
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one row of dims[0] elements."""
+        return tensor_nbytes(self.type, self.dims[:1])
+
+
+class _Cursor:
+    """Bounds-checked little-endian reads from the mapped header."""
+
+    __slots__ = ("buf", "pos", "end", "path")
+
+    def __init__(self, buf: mmap.mmap, path: str) -> None:
+        self.buf = buf
+        self.pos = 0
+        self.end = len(buf)
+        self.path = path
+
+    def need(self, n: int, what: str) -> None:
+        if n < 0 or self.pos + n > self.end:
+            raise GGUFError(f"{self.path}: truncated GGUF header (reading {what} at byte {self.pos})")
+
+    def scalar(self, fmt: str, size: int, what: str) -> Any:
+        self.need(size, what)
+        (v,) = struct.unpack_from(fmt, self.buf, self.pos)
+        self.pos += size
+        return v
+
+    def u32(self, what: str) -> int:
+        return self.scalar("<I", 4, what)
+
+    def u64(self, what: str) -> int:
+        return self.scalar("<Q", 8, what)
+
+    def string(self, what: str) -> str:
+        n = self.u64(what)
+        self.need(n, what)
+        raw = self.buf[self.pos : self.pos + n]
+        self.pos += n
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise GGUFError(f"{self.path}: invalid UTF-8 in {what}") from None
+
+    def string_array(self, count: int, what: str) -> list[str]:
+        # Hot path for the vocabulary and merges: avoid per-item method dispatch.
+        buf, pos, end = self.buf, self.pos, self.end
+        unpack = struct.unpack_from
+        out: list[str] = []
+        append = out.append
+        try:
+            for _ in range(count):
+                if pos + 8 > end:
+                    raise IndexError
+                (n,) = unpack("<Q", buf, pos)
+                pos += 8
+                if pos + n > end:
+                    raise IndexError
+                append(buf[pos : pos + n].decode("utf-8"))
+                pos += n
+        except IndexError:
+            self.pos = pos
+            raise GGUFError(f"{self.path}: truncated GGUF header (reading {what} at byte {pos})") from None
+        except UnicodeDecodeError:
+            raise GGUFError(f"{self.path}: invalid UTF-8 in {what}") from None
+        self.pos = pos
+        return out
+
+    def value(self, vtype: int, what: str) -> Any:
+        if vtype == ValueType.STRING:
+            return self.string(what)
+        if vtype == ValueType.ARRAY:
+            sub = self.u32(what)
+            count = self.u64(what)
+            if sub == ValueType.STRING:
+                return self.string_array(count, what)
+            if sub == ValueType.ARRAY:
+                return [self.value(ValueType.ARRAY, what) for _ in range(count)]
+            if sub not in _NUMPY_DTYPE:
+                raise GGUFError(f"{self.path}: unknown metadata value type {sub} in {what}")
+            dtype = np.dtype(_NUMPY_DTYPE[sub])
+            self.need(count * dtype.itemsize, what)
+            arr = np.frombuffer(self.buf, dtype=dtype, count=count, offset=self.pos).copy()
+            self.pos += count * dtype.itemsize
+            if sub == ValueType.BOOL:
+                return [bool(x) for x in arr]
+            return arr.tolist()
+        fmt = _SCALAR_FMT.get(vtype)
+        if fmt is None:
+            raise GGUFError(f"{self.path}: unknown metadata value type {vtype} in {what}")
+        return self.scalar(fmt, struct.calcsize(fmt), what)
+
+
+class GGUFFile:
+    """A GGUF v3 file opened read-only over one mmap.
+
+    ``metadata`` maps keys to Python values (arrays become lists); ``value_types`` keeps the
+    stored type of each key, ``(type, array_subtype_or_None)``, because the Flash validator
+    insists on exact integer types. ``tensors`` is the directory in file order.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = str(path)
+        p = Path(path)
+        if not p.exists():
+            raise GGUFError(f"{self.path}: no such file")
+        if p.is_dir():
+            raise GGUFError(f"{self.path}: is a directory, not a GGUF file")
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except OSError as e:
+            raise GGUFError(f"{self.path}: cannot open: {e.strerror}") from None
+        try:
+            self.file_size = os.fstat(fd).st_size
+            if self.file_size < 4:
+                raise GGUFError(f"{self.path}: not a GGUF file (too short)")
+            self._mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+        finally:
+            os.close(fd)
+        try:
+            self._parse()
+        except Exception:
+            self._mm.close()
+            raise
+
+    def _parse(self) -> None:
+        c = _Cursor(self._mm, self.path)
+        if self._mm[:4] != MAGIC:
+            raise GGUFError(f"{self.path}: not a GGUF file (bad magic {bytes(self._mm[:4])!r})")
+        c.pos = 4
+        self.version = c.u32("version")
+        if self.version != SUPPORTED_VERSION:
+            raise GGUFError(f"{self.path}: unsupported GGUF version {self.version} (only version 3 is supported)")
+        n_tensors = c.u64("tensor count")
+        n_kv = c.u64("metadata count")
+        # Each entry needs at least 8+4 (kv) / 8+4+4+8 (tensor) bytes: reject absurd counts early.
+        if n_kv * 12 + n_tensors * 24 > self.file_size:
+            raise GGUFError(f"{self.path}: truncated GGUF header ({n_kv} metadata entries and {n_tensors} tensors do not fit)")
+
+        self.metadata: dict[str, Any] = {}
+        self.value_types: dict[str, tuple[int, int | None]] = {}
+        for i in range(n_kv):
+            key = c.string(f"metadata key #{i}")
+            vtype = c.u32(f"type of {key}")
+            sub = None
+            if vtype == ValueType.ARRAY:
+                c.need(4, key)
+                (sub,) = struct.unpack_from("<I", self._mm, c.pos)
+            self.metadata[key] = c.value(vtype, key)
+            self.value_types[key] = (vtype, sub)
+
+        align = self.metadata.get("general.alignment", DEFAULT_ALIGNMENT)
+        if not isinstance(align, int) or align <= 0 or align & (align - 1):
+            raise GGUFError(f"{self.path}: general.alignment must be a positive power of two, found {align!r}")
+        self.alignment = align
+
+        raw: list[tuple[str, int, tuple[int, ...], int]] = []
+        for i in range(n_tensors):
+            name = c.string(f"tensor name #{i}")
+            n_dims = c.u32(f"dims of {name}")
+            if n_dims == 0 or n_dims > MAX_DIMS:
+                raise GGUFError(f"{self.path}: tensor {name} has {n_dims} dimensions (1..{MAX_DIMS} allowed)")
+            dims = tuple(c.u64(f"dims of {name}") for _ in range(n_dims))
+            ttype = c.u32(f"type of {name}")
+            offset = c.u64(f"offset of {name}")
+            raw.append((name, ttype, dims, offset))
+
+        self.data_offset = -(-c.pos // align) * align
+        self.tensors: dict[str, TensorInfo] = {}
+        for name, ttype, dims, offset in raw:
+            try:
+                block_info(ttype)
+            except (KeyError, ValueError):
+                raise GGUFError(f"{self.path}: tensor {name} has unknown GGML type {ttype}") from None
+            try:
+                nbytes = tensor_nbytes(ttype, dims)
+            except ValueError as e:
+                raise GGUFError(f"{self.path}: tensor {name}: {e}") from None
+            if offset % align:
+                raise GGUFError(f"{self.path}: tensor {name} offset {offset} is not aligned to {align}")
+            start = self.data_offset + offset
+            if start + nbytes > self.file_size:
+                raise GGUFError(
+                    f"{self.path}: tensor {name} extends past the end of the file "
+                    f"(needs bytes {start}..{start + nbytes}, file has {self.file_size}); truncated download?"
+                )
+            if name in self.tensors:
+                raise GGUFError(f"{self.path}: tensor {name} appears twice")
+            self.tensors[name] = TensorInfo(name, ttype, dims, start, nbytes)
+
+    # -- access -----------------------------------------------------------------------------
+
+    def raw(self, name: str) -> memoryview:
+        """Zero-copy read-only bytes of one tensor."""
+        t = self.tensors[name]
+        return memoryview(self._mm)[t.offset : t.offset + t.nbytes]
+
+    def array(self, name: str) -> np.ndarray:
+        """Zero-copy numpy view in logical shape.
+
+        Plain types (F32, F16, I32, ...) come back typed; block-quantised ones as uint8 with one
+        row of packed blocks per output row, shape ``(*shape[:-1], row_bytes)``.
+        """
+        t = self.tensors[name]
+        plain = {0: "<f4", 1: "<f2", 24: "<i1", 25: "<i2", 26: "<i4", 27: "<i8", 28: "<f8"}
+        if t.type in plain:
+            return np.frombuffer(self._mm, dtype=plain[t.type], count=t.n_elements, offset=t.offset).reshape(t.shape)
+        if t.type == GGMLQuantizationType.BF16:
+            return np.frombuffer(self._mm, dtype="<u2", count=t.n_elements, offset=t.offset).reshape(t.shape)
+        return np.frombuffer(self._mm, dtype=np.uint8, count=t.nbytes, offset=t.offset).reshape(
+            *t.shape[:-1], t.row_bytes
+        )
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.metadata.get(key, default)
+
+    def close(self) -> None:
+        try:
+            self._mm.close()
+        except BufferError:
+            # A caller still holds a view; the mapping is released when it is dropped.
+            pass
+
+    def __enter__(self) -> "GGUFFile":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open_gguf(path: str | os.PathLike[str]) -> GGUFFile:
+    return GGUFFile(path)
+
+
+# -- writer -----------------------------------------------------------------------------------
+
+Meta = Mapping[str, tuple[int, Any]]  # key -> (ValueType, value); arrays: (ARRAY, (subtype, list))
+
+
+def _pack_value(vtype: int, value: Any) -> bytes:
+    if vtype == ValueType.STRING:
+        b = value.encode("utf-8")
+        return struct.pack("<Q", len(b)) + b
+    if vtype == ValueType.ARRAY:
+        sub, items = value
+        head = struct.pack("<IQ", sub, len(items))
+        if sub == ValueType.STRING:
+            parts = [head]
+            for s in items:
+                b = s.encode("utf-8")
+                parts.append(struct.pack("<Q", len(b)))
+                parts.append(b)
+            return b"".join(parts)
+        return head + np.asarray(items, dtype=_NUMPY_DTYPE[sub]).tobytes()
+    return struct.pack(_SCALAR_FMT[vtype], value)
+
+
+def write_gguf(
+    path: str | os.PathLike[str],
+    metadata: Meta,
+    tensors: Iterable[tuple[str, int, tuple[int, ...], bytes | memoryview | np.ndarray | None]],
+    alignment: int = DEFAULT_ALIGNMENT,
+) -> None:
+    """Write a GGUF v3 file atomically (temp file + rename).
+
+    ``tensors`` yields (name, ggml_type, GGUF dims fastest-first, raw bytes). Data ``None``
+    leaves a hole (a sparse file of the right size): header-only files with the real 81 GiB
+    layout let tests check the validator and our memory use without the weights.
+    ``alignment`` is written as ``general.alignment`` when it differs from the default.
+    """
+    path = str(path)
+    tensors = list(tensors)
+    meta = dict(metadata)
+    if alignment != DEFAULT_ALIGNMENT:
+        meta["general.alignment"] = (ValueType.UINT32, alignment)
+
+    header = [MAGIC, struct.pack("<IQQ", SUPPORTED_VERSION, len(tensors), len(meta))]
+    for key, (vtype, value) in meta.items():
+        header.append(_pack_value(ValueType.STRING, key))
+        header.append(struct.pack("<I", vtype))
+        header.append(_pack_value(vtype, value))
+    offset = 0
+    layout = []
+    for name, ttype, dims, data in tensors:
+        nbytes = tensor_nbytes(ttype, dims)
+        if data is None:
+            blob = None
+        else:
+            blob = memoryview(np.ascontiguousarray(data) if isinstance(data, np.ndarray) else data).cast("B")
+        if blob is not None and blob.nbytes != nbytes:
+            raise ValueError(f"{name}: {blob.nbytes} bytes given, {type_name(ttype)} {list(dims)} needs {nbytes}")
+        header.append(_pack_value(ValueType.STRING, name))
+        header.append(struct.pack("<I", len(dims)) + struct.pack(f"<{len(dims)}Q", *dims))
+        header.append(struct.pack("<IQ", ttype, offset))
+        layout.append((blob, nbytes))
+        offset += -(-nbytes // alignment) * alignment
+
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            head = b"".join(header)
+            f.write(head)
+            f.write(b"\0" * (-len(head) % alignment))
+            for i, (blob, nbytes) in enumerate(layout):
+                pad = -nbytes % alignment if i + 1 < len(layout) else 0  # no tail padding
+                if blob is None:
+                    f.seek(nbytes + pad, os.SEEK_CUR)
+                else:
+                    f.write(blob)
+                    f.write(b"\0" * pad)
+            f.truncate()
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise

@@ -1,0 +1,214 @@
+"""GGUF reader: agreement with gguf.GGUFReader, every value type, alignment, memory, errors."""
+
+from __future__ import annotations
+
+import os
+import struct
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ds4agent.engine.gguf import GGUFError, GGUFFile, ValueType as V, tensor_nbytes, write_gguf
+
+Q = gguf.GGMLQuantizationType
+
+
+def test_demo_agrees_with_gguf_package(demo_path: Path) -> None:
+    ours = GGUFFile(demo_path)
+    ref = gguf.GGUFReader(demo_path)
+    assert len(ref.tensors) == len(ours.tensors)
+    for t in ref.tensors:
+        mine = ours.tensors[t.name]
+        assert mine.dims == tuple(int(x) for x in t.shape)
+        assert mine.type == int(t.tensor_type)
+        assert mine.offset == t.data_offset
+        assert mine.nbytes == t.n_bytes
+        if mine.type in (Q.F32, Q.F16, Q.I32):
+            assert np.array_equal(ours.array(t.name).reshape(-1), np.asarray(t.data).reshape(-1))
+        else:
+            assert bytes(ours.raw(t.name)) == np.asarray(t.data).tobytes()
+    for key, field in ref.fields.items():
+        if key.startswith("GGUF."):
+            continue
+        got = ours.metadata[key]
+        vt = field.types[0]
+        if vt == gguf.GGUFValueType.STRING:
+            assert got == str(bytes(field.parts[-1]), "utf-8")
+        elif vt == gguf.GGUFValueType.ARRAY:
+            if field.types[1] == gguf.GGUFValueType.STRING:
+                assert got == [str(bytes(field.parts[i]), "utf-8") for i in field.data]
+            else:
+                assert got == [field.parts[i].tolist()[0] for i in field.data]
+        else:
+            assert got == field.parts[-1].tolist()[0]
+    ours.close()
+
+
+def test_quantised_view_is_rows_of_blocks(demo_path: Path) -> None:
+    with GGUFFile(demo_path) as f:
+        t = f.tensors["blk.3.ffn_gate_exps.weight"]
+        view = f.array(t.name)
+        # (experts, rows, row_bytes): expert e's row r starts at e*(rows*row_bytes) + r*row_bytes.
+        assert view.shape == (t.shape[0], t.shape[1], t.row_bytes)
+        assert not view.flags.owndata and not view.flags.writeable
+        e, r = 5, 17
+        start = t.offset + (e * t.shape[1] + r) * t.row_bytes
+        assert bytes(view[e, r]) == bytes(f._mm[start : start + t.row_bytes])
+
+
+ALL_TYPES = {
+    "u8": (V.UINT8, 200), "i8": (V.INT8, -100), "u16": (V.UINT16, 60000), "i16": (V.INT16, -30000),
+    "u32": (V.UINT32, 4_000_000_000), "i32": (V.INT32, -2_000_000_000), "f32": (V.FLOAT32, 0.5),
+    "bool": (V.BOOL, True), "str": (V.STRING, "héllo ｜DSML｜ 🎉"), "u64": (V.UINT64, 2**63 + 5),
+    "i64": (V.INT64, -(2**62)), "f64": (V.FLOAT64, 1e-300),
+    "arr_u32": (V.ARRAY, (V.UINT32, [0, 0, 4, 128])), "arr_f32": (V.ARRAY, (V.FLOAT32, [10.0, 1.5])),
+    "arr_str": (V.ARRAY, (V.STRING, ["a b", "", "ｘ"])), "arr_bool": (V.ARRAY, (V.BOOL, [True, False])),
+    "arr_i64": (V.ARRAY, (V.INT64, [-1, 2**40])), "arr_empty": (V.ARRAY, (V.INT32, [])),
+}
+
+
+@pytest.mark.parametrize("alignment", [32, 64, 4096])
+def test_every_value_type_and_alignment(tmp_path: Path, alignment: int) -> None:
+    p = tmp_path / "t.gguf"
+    a = np.arange(96, dtype=np.float32)
+    b = np.arange(10, dtype=np.float16)
+    write_gguf(p, ALL_TYPES, [("a", Q.F32, (32, 3), a), ("b", Q.F16, (10,), b)], alignment=alignment)
+    f = GGUFFile(p)
+    for key, (vtype, value) in ALL_TYPES.items():
+        expect = value[1] if vtype == V.ARRAY else value
+        assert f.metadata[key] == expect, key
+        assert f.value_types[key][0] == vtype
+    assert f.alignment == alignment
+    assert f.data_offset % alignment == 0
+    for t in f.tensors.values():
+        assert (t.offset - f.data_offset) % alignment == 0
+    assert np.array_equal(f.array("a"), a.reshape(3, 32))
+    assert np.array_equal(f.array("b"), b)
+    # The independent reader agrees on where the data lives.
+    ref = gguf.GGUFReader(p)
+    assert [t.data_offset for t in ref.tensors] == [f.tensors["a"].offset, f.tensors["b"].offset]
+
+
+def test_opening_reads_no_tensor_data(flash_header_path: Path) -> None:
+    """An 80.8 GiB file (sparse here) opens with resident memory bounded by the header."""
+    def rss() -> int:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    before = rss()
+    f = GGUFFile(flash_header_path)
+    grown = rss() - before
+    assert f.file_size > 80 * 1024**3
+    vocab_bytes = sum(len(s.encode()) for s in f.metadata["tokenizer.ggml.tokens"])
+    vocab_bytes += sum(len(s.encode()) for s in f.metadata["tokenizer.ggml.merges"])
+    # Python string objects cost ~60 B each on top of their text.
+    vocab_cost = vocab_bytes + 64 * (len(f.metadata["tokenizer.ggml.tokens"]) + len(f.metadata["tokenizer.ggml.merges"]))
+    assert grown < 64 * 2**20 + vocab_cost, (grown, vocab_cost)
+    f.close()
+
+
+# -- errors: one line, naming the file --------------------------------------------------------
+
+def _small(tmp_path: Path) -> Path:
+    p = tmp_path / "small.gguf"
+    write_gguf(p, {"general.architecture": (V.STRING, "deepseek4")},
+               [("w", Q.Q8_0, (64, 2), np.zeros(2 * 2 * 34, dtype=np.uint8))])
+    return p
+
+
+def _expect(path: Path, fragment: str) -> None:
+    with pytest.raises(GGUFError) as e:
+        GGUFFile(path)
+    msg = str(e.value)
+    assert str(path) in msg and fragment in msg and "\n" not in msg, msg
+
+
+def test_missing_path(tmp_path: Path) -> None:
+    _expect(tmp_path / "nope.gguf", "no such file")
+
+
+def test_directory(tmp_path: Path) -> None:
+    _expect(tmp_path, "is a directory")
+
+
+def test_not_gguf(tmp_path: Path) -> None:
+    p = tmp_path / "x.gguf"
+    p.write_bytes(b"PK\x03\x04" + b"\0" * 100)
+    _expect(p, "not a GGUF file")
+    p.write_bytes(b"")
+    _expect(p, "not a GGUF file")
+
+
+def test_unsupported_version(tmp_path: Path) -> None:
+    p = _small(tmp_path)
+    data = bytearray(p.read_bytes())
+    data[4:8] = struct.pack("<I", 2)
+    p.write_bytes(bytes(data))
+    _expect(p, "unsupported GGUF version 2")
+
+
+def test_truncated_header_at_every_cut(tmp_path: Path) -> None:
+    p = _small(tmp_path)
+    data = p.read_bytes()
+    with GGUFFile(p) as f:
+        header_end = f.data_offset
+    cut = tmp_path / "cut.gguf"
+    for n in range(4, header_end - 8, 3):
+        cut.write_bytes(data[:n])
+        with pytest.raises(GGUFError) as e:
+            GGUFFile(cut)
+        assert "truncated" in str(e.value) or "past the end" in str(e.value), (n, str(e.value))
+
+
+def test_tensor_past_end(tmp_path: Path) -> None:
+    p = _small(tmp_path)
+    data = p.read_bytes()
+    p.write_bytes(data[:-10])
+    _expect(p, "extends past the end of the file")
+
+
+def test_unknown_tensor_type(tmp_path: Path) -> None:
+    p = _small(tmp_path)
+    data = bytearray(p.read_bytes())
+    i = data.find(b"\x01\x00\x00\x00\x00\x00\x00\x00w")  # name "w" (u64 length 1)
+    at = i + 9 + 4 + 16  # past name, n_dims, two u64 dims -> the type field
+    assert struct.unpack_from("<I", data, at)[0] == Q.Q8_0
+    data[at : at + 4] = struct.pack("<I", 99)
+    p.write_bytes(bytes(data))
+    _expect(p, "unknown GGML type 99")
+
+
+def test_bad_alignment_value(tmp_path: Path) -> None:
+    p = tmp_path / "a.gguf"
+    write_gguf(p, {"general.alignment": (V.UINT32, 48)}, [])
+    _expect(p, "general.alignment")
+
+
+def test_writer_checks_sizes(tmp_path: Path) -> None:
+    with pytest.raises(ValueError):
+        write_gguf(tmp_path / "w.gguf", {}, [("w", Q.Q8_0, (64,), b"\0" * 10)])
+    assert tensor_nbytes(Q.IQ2_XXS, (4096, 2048, 256)) == 4096 // 256 * 66 * 2048 * 256
+    assert not (tmp_path / "w.gguf").exists()
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_fuzz_reader_never_crashes(tmp_path: Path, data: st.DataObject) -> None:
+    """Corrupt headers raise GGUFError (or open cleanly); nothing else escapes, nothing hangs."""
+    base = _small(tmp_path).read_bytes()
+    blob = bytearray(base)
+    for _ in range(data.draw(st.integers(1, 6))):
+        pos = data.draw(st.integers(0, min(len(blob), 400) - 1))
+        blob[pos] = data.draw(st.integers(0, 255))
+    if data.draw(st.booleans()):
+        blob = blob[: data.draw(st.integers(0, len(blob)))]
+    p = tmp_path / "fuzz.gguf"
+    p.write_bytes(bytes(blob))
+    try:
+        GGUFFile(p).close()
+    except GGUFError as e:
+        assert "\n" not in str(e)
