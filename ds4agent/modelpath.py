@@ -35,12 +35,13 @@ def config_path() -> Path:
     return ds4_home() / "config.toml"
 
 
-def _checked(path: str, source: str) -> ModelChoice:
+def _checked(path: str, source: str, where: str | None = None) -> ModelChoice:
     p = Path(path).expanduser()
+    where = where or source
     if not p.exists():
-        raise ModelChoiceError(f"{p}: no such model file (from {source})")
+        raise ModelChoiceError(f"{p}: no such model file (from {where})")
     if p.is_dir():
-        raise ModelChoiceError(f"{p}: is a directory, expected a .gguf file (from {source})")
+        raise ModelChoiceError(f"{p}: is a directory, expected a .gguf file (from {where})")
     return ModelChoice(p, source)
 
 
@@ -66,5 +67,5 @@ def resolve_model(flag: str | None) -> ModelChoice:
         return _checked(env, "DS4_MODEL")
     configured = configured_model()
     if configured:
-        return _checked(configured, f"{config_path()}")
+        return _checked(configured, "config", str(config_path()))
     return ModelChoice(ensure_demo(), "demo")

@@ -2,12 +2,33 @@
 
 from __future__ import annotations
 
-import shutil
+import os
+
 from pathlib import Path
 
 
 def copy_model(src: Path, dst: Path) -> Path:
-    shutil.copyfile(src, dst)
+    """Copy a model file keeping its holes (SEEK_DATA/SEEK_HOLE): a copy of the sparse 80 GiB
+    Flash header file stays a few MB, where a plain copy would write 80 GiB."""
+    size = src.stat().st_size
+    with open(src, "rb") as fi, open(dst, "wb") as fo:
+        fd = fi.fileno()
+        pos = 0
+        while pos < size:
+            try:
+                start = os.lseek(fd, pos, os.SEEK_DATA)
+            except OSError:  # no data after pos: the rest is a hole
+                break
+            end = os.lseek(fd, start, os.SEEK_HOLE)
+            fi.seek(start)
+            fo.seek(start)
+            left = end - start
+            while left:
+                block = fi.read(min(left, 1 << 22))
+                fo.write(block)
+                left -= len(block)
+            pos = end
+        fo.truncate(size)
     return dst
 
 
@@ -18,7 +39,8 @@ def patch_metadata(path: Path, key: str, old: bytes, new: bytes) -> None:
     ``old`` must be what is stored there, so
     a test cannot silently patch the wrong bytes."""
     assert len(old) == len(new)
-    data = bytearray(path.read_bytes()[: 64 * 1024 * 1024])
+    with open(path, "rb") as f:
+        data = bytearray(f.read(64 * 1024 * 1024))  # the header; never the (maybe 80 GiB) data
     k = key.encode()
     i = data.find(len(k).to_bytes(8, "little") + k)
     assert i >= 0, key
@@ -29,11 +51,3 @@ def patch_metadata(path: Path, key: str, old: bytes, new: bytes) -> None:
     with open(path, "r+b") as f:
         f.seek(at)
         f.write(new)
-
-
-def metadata_value_offset(path: Path, key: str) -> int:
-    data = path.read_bytes()[: 64 * 1024 * 1024]
-    k = key.encode()
-    i = data.find(len(k).to_bytes(8, "little") + k)
-    assert i >= 0, key
-    return i + 8 + len(k)  # offset of the u32 value type
