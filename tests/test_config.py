@@ -33,7 +33,7 @@ def test_demo_config(demo_path: Path) -> None:
         assert not claims_flash(c)
     assert c.compress_ratios == (0, 0, 4, 128, 4, 128)
     assert [c.is_hash_layer(i) for i in range(6)] == [True] * 3 + [False] * 3
-    assert c.compressor_width(2) == 256 and c.compressor_width(3) == 128 and c.hc_mix == 24
+    assert c.compressor_width(2) == 512 and c.compressor_width(3) == 256 and c.hc_mix == 24
 
 
 def test_flash_layout_validates(flash_header_path: Path) -> None:

@@ -1,0 +1,69 @@
+"""MLX dequantisation is bit-exact with gguf.quants.dequantize (the independent oracle)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf.constants import GGMLQuantizationType as Q
+from gguf.quants import dequantize as oracle
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ds4agent.engine.quants import block_bytes, dequantize
+
+TYPES = [Q.Q8_0, Q.Q2_K, Q.Q4_K, Q.IQ2_XXS]
+
+
+def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_random_blocks_bit_exact(qtype: Q, data: st.DataObject) -> None:
+    n_rows = data.draw(st.integers(1, 4))
+    n_blocks = data.draw(st.integers(1, 3))
+    seed = data.draw(st.integers(0, 2**32 - 1))
+    raw = np.random.default_rng(seed).integers(0, 256, size=(n_rows, n_blocks * block_bytes(qtype)), dtype=np.uint8)
+    if data.draw(st.booleans()):
+        # Replace the f16 scale fields by ordinary finite values half of the time (random bytes
+        # are often NaN/inf there; those must still match bit for bit, NaN payloads included).
+        scales = np.random.default_rng(seed + 1).normal(0, 0.01, size=raw.size // 2).astype("<f2").view(np.uint8)
+        offs = {Q.Q8_0: [0, 1], Q.Q2_K: [80, 81, 82, 83], Q.Q4_K: [0, 1, 2, 3], Q.IQ2_XXS: [0, 1]}[qtype]
+        bb = block_bytes(qtype)
+        view = raw.reshape(-1, bb)
+        view[:, offs] = scales[: view.shape[0] * len(offs)].reshape(view.shape[0], len(offs))
+    ours = np.array(dequantize(raw, qtype))
+    with np.errstate(all="ignore"):
+        ref = oracle(raw, qtype)
+    assert _same_bits(ours, ref)
+
+
+@pytest.mark.parametrize("name", ["blk.3.ffn_gate_exps.weight", "blk.3.ffn_up_exps.weight",
+                                  "blk.3.ffn_down_exps.weight", "blk.0.attn_q_b.weight", "output.weight"])
+def test_demo_tensors_bit_exact(demo_path, name: str) -> None:
+    from ds4agent.engine.gguf import GGUFFile
+
+    with GGUFFile(demo_path) as f:
+        t = f.tensors[name]
+        rows = f.array(name)
+        rows = rows[0, :64] if rows.ndim == 3 else rows[:64]
+        assert _same_bits(np.array(dequantize(rows, t.type)), oracle(np.ascontiguousarray(rows), t.type))
+
+
+def test_q4_k_demo(demo_q4_path) -> None:
+    from ds4agent.engine.gguf import GGUFFile
+
+    with GGUFFile(demo_q4_path) as f:
+        rows = f.array("blk.4.ffn_down_exps.weight")[2]
+        assert _same_bits(np.array(dequantize(rows, Q.Q4_K)), oracle(np.ascontiguousarray(rows), Q.Q4_K))
+
+
+def test_plain_types() -> None:
+    x = np.random.default_rng(0).normal(size=(3, 64)).astype(np.float32)
+    assert _same_bits(np.array(dequantize(x.view(np.uint8), Q.F32)), x)
+    h = x.astype(np.float16)
+    assert _same_bits(np.array(dequantize(h.view(np.uint8), Q.F16)), h.astype(np.float32))
+    with pytest.raises(ValueError):
+        dequantize(np.zeros((1, 33), np.uint8), Q.Q8_0)
