@@ -1,0 +1,350 @@
+"""The DeepSeek V4 Flash forward pass in MLX ops (spec/model.md §3–§4).
+
+One function runs a batch of T consecutive tokens through every layer and advances the
+streaming state. Decode is the same call with T = 1, so prefill and decode share every line:
+a batch computes all its projections at once, then reproduces the token-by-token semantics
+with masks (the raw window, compressed rows emitted so far, indexer choices), never by
+peeking at later tokens. Dimensions come from ModelConfig; nothing is specialised to 43 layers.
+
+Shapes: T tokens, E hidden, hc streams, H heads of D dims (the last n_rot rotate), G output
+groups, r compression ratio, W compressor width (2·D on ratio 4, D on ratio 128).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import mlx.core as mx
+import numpy as np
+
+from . import qat
+from .config import ModelConfig
+from .state import NEG_INF, Frontier, LayerState, ModelState
+from .weights import Weights
+
+ROUTE_WEIGHT_FLOOR = 6.103515625e-5  # 2^-14: floor of the sum of selected router scores
+
+
+@dataclass(frozen=True)
+class Options:
+    qat_sim: bool = True  # FP8/FP4 KV simulation and f16 cache rounding (the model's own numerics)
+
+
+def rms_norm(x: mx.array, w: mx.array | None, eps: float) -> mx.array:
+    y = x * mx.rsqrt(mx.mean(x * x, axis=-1, keepdims=True) + eps)
+    return y if w is None else y * w
+
+
+def linear(x: mx.array, w: mx.array) -> mx.array:
+    """x @ wᵀ for GGUF-layout weights (out, in)."""
+    return x @ w.T
+
+
+# -- RoPE ---------------------------------------------------------------------------------------
+
+class Rope:
+    """Tail RoPE with adjacent pairs (x[2k], x[2k+1]) on the last n_rot dims (spec §3.4b).
+
+    Window-only layers use rope_base plainly; compressed layers use compress_rope_base with
+    YaRN frequency blending and no magnitude scaling. Angles are computed in float64 and
+    rounded once, so cache writes and queries agree at every position.
+    """
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        half = cfg.n_rot // 2
+        k = np.arange(half, dtype=np.float64)
+        self.plain = cfg.rope_base ** (-2.0 * k / cfg.n_rot)
+        base = cfg.compress_rope_base
+        ext = base ** (-2.0 * k / cfg.n_rot)
+
+        def corr(beta: float) -> float:
+            return cfg.n_rot * math.log(cfg.rope_orig_ctx / (beta * 2 * math.pi)) / (2 * math.log(base))
+
+        low = max(0.0, math.floor(corr(cfg.yarn_beta_fast)))
+        high = min(half - 1.0, math.ceil(corr(cfg.yarn_beta_slow)))
+        ramp = 1.0 - np.clip((k - low) / max(0.001, high - low), 0.0, 1.0)
+        self.yarn = ext * (ramp + (1.0 - ramp) / cfg.rope_scaling_factor)
+
+    def tables(self, positions: np.ndarray, compressed: bool) -> tuple[mx.array, mx.array]:
+        theta = np.asarray(positions, dtype=np.float64)[:, None] * (self.yarn if compressed else self.plain)[None, :]
+        return mx.array(np.cos(theta).astype(np.float32)), mx.array(np.sin(theta).astype(np.float32))
+
+    @staticmethod
+    def apply(x: mx.array, cos: mx.array, sin: mx.array, n_rot: int, inverse: bool = False) -> mx.array:
+        """Rotate the last n_rot dims of x (..., T, [heads,] D); cos/sin are (T, n_rot/2) and
+        broadcast over any head axis placed between T and D by the caller."""
+        d = x.shape[-1] - n_rot
+        tail = x[..., d:].reshape(*x.shape[:-1], n_rot // 2, 2)
+        a, b = tail[..., 0], tail[..., 1]
+        s = -sin if inverse else sin
+        rot = mx.stack([a * cos - b * s, a * s + b * cos], axis=-1).reshape(*x.shape[:-1], n_rot)
+        return mx.concatenate([x[..., :d], rot], axis=-1)
+
+
+# -- hyper-connections --------------------------------------------------------------------------
+
+def hc_pre(X: mx.array, fn: mx.array, scale: mx.array, base: mx.array, cfg: ModelConfig):
+    """X (T, hc, E) -> sublayer input (T, E), post (T, hc), comb (T, hc, hc)."""
+    T, hc, E = X.shape
+    flat = rms_norm(X.reshape(T, hc * E), None, cfg.rms_eps)
+    mix = linear(flat, fn)  # (T, (2+hc)·hc)
+    eps = cfg.hc_eps
+    pre = mx.sigmoid(mix[:, :hc] * scale[0] + base[:hc]) + eps
+    post = 2.0 * mx.sigmoid(mix[:, hc : 2 * hc] * scale[1] + base[hc : 2 * hc])
+    M = (mix[:, 2 * hc :] * scale[2] + base[2 * hc :]).reshape(T, hc, hc)  # M[t, src, dst]
+    M = mx.softmax(M, axis=-1) + eps
+    M = M / (mx.sum(M, axis=-2, keepdims=True) + eps)
+    for _ in range(cfg.hc_sinkhorn_iters - 1):
+        M = M / (mx.sum(M, axis=-1, keepdims=True) + eps)
+        M = M / (mx.sum(M, axis=-2, keepdims=True) + eps)
+    x = mx.sum(pre[:, :, None] * X, axis=1)
+    return x, post, M
+
+
+def hc_post(y: mx.array, X: mx.array, post: mx.array, M: mx.array) -> mx.array:
+    """X_new[t, j] = post[t, j]·y[t] + Σ_i M[t, i, j]·X[t, i]  (Mᵀ, not M)."""
+    return post[:, :, None] * y[:, None, :] + mx.swapaxes(M, 1, 2) @ X
+
+
+# -- compressor ---------------------------------------------------------------------------------
+
+def _pool(kv: mx.array, score: mx.array) -> mx.array:
+    """Softmax over the window rows independently per channel, then the weighted sum."""
+    return mx.sum(mx.softmax(score, axis=-2) * kv, axis=-2)
+
+
+def compressor_step(fr: Frontier, ratio: int, n0: int, kv: mx.array, score: mx.array) -> tuple[mx.array, Frontier, int]:
+    """Feed T new projected rows (kv, score: (T, W)) after n0 tokens.
+
+    Returns the pooled rows of every window completed in this batch ((n_emit, d) where d = W
+    for ratio 128 and W/2 for ratio 4), the new frontier, and the position of the first
+    token of the first emitted window (each later window starts ``ratio`` further on).
+    """
+    pending = n0 % ratio
+    cur_off = 4 if ratio == 4 else 0  # ratio 4 keeps the previous window in rows 0..3
+    seq_kv = mx.concatenate([fr.kv[cur_off : cur_off + pending], kv], axis=0)
+    seq_sc = mx.concatenate([fr.score[cur_off : cur_off + pending], score], axis=0)
+    L, W = seq_kv.shape
+    n_emit = L // ratio
+    rem = L - n_emit * ratio
+    win_kv = seq_kv[: n_emit * ratio].reshape(n_emit, ratio, W)
+    win_sc = seq_sc[: n_emit * ratio].reshape(n_emit, ratio, W)
+    if ratio == 4:
+        d = W // 2
+        prev_kv = mx.concatenate([fr.kv[None, 0:4], win_kv[:-1]], axis=0)
+        prev_sc = mx.concatenate([fr.score[None, 0:4], win_sc[:-1]], axis=0)
+        # Lane A: channels [0, d) of the previous window; lane B: [d, 2d) of this one.
+        pooled = _pool(mx.concatenate([prev_kv[..., :d], win_kv[..., d:]], axis=1),
+                       mx.concatenate([prev_sc[..., :d], win_sc[..., d:]], axis=1)) if n_emit else mx.zeros((0, d))
+        last_kv = win_kv[-1] if n_emit else fr.kv[0:4]
+        last_sc = win_sc[-1] if n_emit else fr.score[0:4]
+        tail_kv, tail_sc = seq_kv[n_emit * 4 :], seq_sc[n_emit * 4 :]
+        new = Frontier(
+            mx.concatenate([last_kv, tail_kv, mx.zeros((4 - rem, W))], axis=0),
+            mx.concatenate([last_sc, tail_sc, mx.full((4 - rem, W), NEG_INF)], axis=0),
+        )
+    else:
+        pooled = _pool(win_kv, win_sc) if n_emit else mx.zeros((0, W))
+        new = Frontier(
+            mx.concatenate([seq_kv[n_emit * ratio :], mx.zeros((ratio - rem, W))], axis=0),
+            mx.concatenate([seq_sc[n_emit * ratio :], mx.full((ratio - rem, W), NEG_INF)], axis=0),
+        )
+    return pooled, new, n0 - pending
+
+
+# -- the model ----------------------------------------------------------------------------------
+
+class Model:
+    def __init__(self, weights: Weights, options: Options = Options()) -> None:
+        self.w = weights
+        self.cfg = weights.cfg
+        self.opt = options
+        self.rope = Rope(self.cfg)
+
+    # The forward pass ------------------------------------------------------------------------
+    def forward(self, ids: np.ndarray, state: ModelState, all_logits: bool = False) -> mx.array:
+        """Run tokens ``ids`` (positions state.n_tokens ...) and return logits for the last
+        token (V,) or for every token (T, V); ``state`` advances in place."""
+        cfg = self.cfg
+        ids = np.asarray(ids, dtype=np.int64)
+        T = len(ids)
+        p0 = state.n_tokens
+        pos = np.arange(p0, p0 + T)
+        tables = {c: self.rope.tables(pos, c) for c in (False, True)}
+        e = self.w.embed(ids)
+        X = mx.broadcast_to(e[:, None, :], (T, cfg.hc_count, cfg.n_embd))
+        for i in range(cfg.n_layer):
+            X = self._layer(i, X, ids, pos, tables, state.layers[i], p0)
+            mx.eval(X)  # one layer's graph at a time keeps peak memory to a layer's temporaries
+        state.n_tokens = p0 + T
+        mx.eval(*state.arrays())
+        if all_logits:
+            return self._head(X)
+        return self._head(X[-1:])[0]
+
+    def _layer(self, i: int, X, ids, pos, tables, st: LayerState, p0: int) -> mx.array:
+        w = self.w.get
+        p = f"blk.{i}."
+        x, post, M = hc_pre(X, w(p + "hc_attn_fn.weight"), w(p + "hc_attn_scale.weight"), w(p + "hc_attn_base.weight"), self.cfg)
+        y = self._attention(i, x, pos, tables, st, p0)
+        X = hc_post(y, X, post, M)
+        x, post, M = hc_pre(X, w(p + "hc_ffn_fn.weight"), w(p + "hc_ffn_scale.weight"), w(p + "hc_ffn_base.weight"), self.cfg)
+        y = self._ffn(i, x, ids)
+        return hc_post(y, X, post, M)
+
+    # Attention -------------------------------------------------------------------------------
+    def _attention(self, i: int, x: mx.array, pos: np.ndarray, tables, st: LayerState, p0: int) -> mx.array:
+        cfg, w, p = self.cfg, self.w.get, f"blk.{i}."
+        T, H, D, R = x.shape[0], cfg.n_head, cfg.head_dim, cfg.n_rot
+        ratio = cfg.ratio(i)
+        cos, sin = tables[ratio != 0]
+        a = rms_norm(x, w(p + "attn_norm.weight"), cfg.rms_eps)
+        qr = rms_norm(linear(a, w(p + "attn_q_a.weight")), w(p + "attn_q_a_norm.weight"), cfg.rms_eps)
+        q = linear(qr, w(p + "attn_q_b.weight")).reshape(T, H, D)
+        q = rms_norm(q, None, cfg.rms_eps)  # per-head, no weight
+        q = Rope.apply(mx.swapaxes(q, 0, 1), cos, sin, R)  # (H, T, D)
+        kv = rms_norm(linear(a, w(p + "attn_kv.weight")), w(p + "attn_kv_a_norm.weight"), cfg.rms_eps)
+        kv = self._finish_kv(Rope.apply(kv, cos, sin, R))
+
+        # Compressed rows emitted by this batch, visible from their window's last token on.
+        selected = None
+        if ratio:
+            rows, st.comp_frontier, start = self._compress(i, a, p0, st.comp_frontier, ratio, "attn_compressor")
+            if rows.shape[0]:
+                rpos = start + ratio * np.arange(rows.shape[0])
+                c, s = self.rope.tables(rpos, True)
+                st.comp = mx.concatenate([st.comp, self._finish_kv(Rope.apply(rows, c, s, R))], axis=0)
+            if ratio == 4:
+                selected = self._indexer(i, a, qr, pos, tables[True], st, p0)
+
+        # Raw window: earlier rows (positions p0-n_raw .. p0-1) then this batch.
+        keys = mx.concatenate([st.raw, kv], axis=0)
+        kpos = np.arange(p0 - st.raw.shape[0], p0 + T)
+        visible = (kpos[None, :] <= pos[:, None]) & (kpos[None, :] > pos[:, None] - cfg.sliding_window)
+        mask = visible
+        if ratio:
+            keys = mx.concatenate([keys, st.comp], axis=0)
+            n_vis = (pos + 1) // ratio
+            cvis = np.arange(st.comp.shape[0])[None, :] < n_vis[:, None]
+            if selected is not None:
+                cvis &= selected
+            mask = np.concatenate([visible, cvis], axis=1)
+        st.raw = mx.concatenate([st.raw, kv], axis=0)[-cfg.sliding_window :]
+
+        scores = (q @ keys.T) * (1.0 / math.sqrt(D))  # (H, T, N)
+        scores = mx.where(mx.array(mask)[None], scores, -mx.inf)
+        sink = w(p + "attn_sinks.weight").reshape(H, 1, 1)
+        m = mx.maximum(mx.max(scores, axis=-1, keepdims=True), sink)
+        ex = mx.exp(scores - m)
+        den = mx.exp(sink - m) + mx.sum(ex, axis=-1, keepdims=True)
+        out = (ex @ keys) / den  # (H, T, D): K = V
+        out = Rope.apply(out, cos, sin, R, inverse=True)
+        out = mx.swapaxes(out, 0, 1)  # (T, H, D)
+
+        G = cfg.n_out_group
+        wa = w(p + "attn_output_a.weight").reshape(G, cfg.o_lora_rank, -1)  # rows of group g
+        grouped = out.reshape(T, G, -1)  # heads of a group are contiguous
+        low = mx.einsum("tgi,goi->tgo", grouped, wa).reshape(T, G * cfg.o_lora_rank)
+        return linear(low, w(p + "attn_output_b.weight"))
+
+    def _finish_kv(self, rows: mx.array) -> mx.array:
+        """KV cache rounding: FP8 on the non-RoPE dims, then f16 (spec §3.4c)."""
+        if not self.opt.qat_sim:
+            return rows
+        return qat.f16_round(qat.fp8_kv_round(rows, self.cfg.n_rot))
+
+    def _compress(self, i: int, a: mx.array, p0: int, fr: Frontier, ratio: int, prefix: str):
+        """Project, pool completed windows, RMS-normalise. Returns (rows, frontier, start)."""
+        w, p = self.w.get, f"blk.{i}."
+        T = a.shape[0]
+        ape = w(p + f"{prefix}_ape.weight")  # (ratio, W), indexed by position % ratio
+        phase = mx.array((np.arange(p0, p0 + T) % ratio).astype(np.int32))
+        kv = linear(a, w(p + f"{prefix}_kv.weight"))
+        sc = linear(a, w(p + f"{prefix}_gate.weight")) + ape[phase]
+        pooled, fr, start = compressor_step(fr, ratio, p0, kv, sc)
+        return rms_norm(pooled, w(p + f"{prefix}_norm.weight"), self.cfg.rms_eps), fr, start
+
+    def _indexer(self, i: int, a, qr, pos: np.ndarray, table, st: LayerState, p0: int) -> np.ndarray | None:
+        """Update the indexer rows; return the (T, n_comp) selection mask, or None when every
+        query sees at most top_k rows (then all visible rows are attended)."""
+        cfg, w, p = self.cfg, self.w.get, f"blk.{i}."
+        Di, Hi, R = cfg.indexer_head_dim, cfg.indexer_n_head, cfg.n_rot
+        rows, st.idx_frontier, start = self._compress(i, a, p0, st.idx_frontier, 4, "indexer_compressor")
+        if rows.shape[0]:
+            c, s = self.rope.tables(start + 4 * np.arange(rows.shape[0]), True)
+            rows = Rope.apply(rows, c, s, R)
+            if self.opt.qat_sim:
+                rows = qat.f16_round(qat.indexer_round(rows))
+            st.idx_comp = mx.concatenate([st.idx_comp, rows], axis=0)
+        n_vis = (pos + 1) // 4
+        k = cfg.indexer_top_k
+        if n_vis.max() <= k:
+            return None
+        cos, sin = table
+        T = a.shape[0]
+        qi = linear(qr, w(p + "indexer.attn_q_b.weight")).reshape(T, Hi, Di)
+        qi = mx.swapaxes(Rope.apply(mx.swapaxes(qi, 0, 1), cos, sin, R), 0, 1)  # (T, Hi, Di)
+        if self.opt.qat_sim:
+            qi = qat.indexer_round(qi)
+        wi = linear(a, w(p + "indexer.proj.weight")) * (1.0 / math.sqrt(Di * Hi))  # (T, Hi)
+        dots = mx.maximum(qi @ st.idx_comp.T, 0.0)  # (T, Hi, C): relu before weighting
+        scores = np.array(mx.sum(dots * wi[:, :, None], axis=1))  # (T, C)
+        C = scores.shape[1]
+        cols = np.arange(C)
+        scores = np.where(cols[None, :] < n_vis[:, None], scores, -np.inf)
+        # Highest scores first; a stable sort breaks ties toward the lower row index.
+        order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+        sel = np.zeros((T, C), dtype=bool)
+        np.put_along_axis(sel, order, True, axis=1)
+        sel |= (n_vis <= k)[:, None]  # queries with few rows see them all
+        return sel & (cols[None, :] < n_vis[:, None])
+
+    # Mixture of experts ----------------------------------------------------------------------
+    def _ffn(self, i: int, x: mx.array, ids: np.ndarray) -> mx.array:
+        cfg, w, p = self.cfg, self.w.get, f"blk.{i}."
+        f = rms_norm(x, w(p + "ffn_norm.weight"), cfg.rms_eps)
+        logits = linear(f, w(p + "ffn_gate_inp.weight"))
+        prob = mx.sqrt(mx.where(logits > 20, logits, mx.where(logits < -20, mx.exp(logits), mx.log1p(mx.exp(logits)))))
+        k = cfg.n_expert_used
+        if cfg.is_hash_layer(i):
+            sel = self.w.hash_experts(i, ids)  # experts of the token being processed
+        else:
+            biased = prob + w(p + "exp_probs_b.bias") if self.w.has(p + "exp_probs_b.bias") else prob
+            sel = np.argsort(-np.array(biased), axis=1, kind="stable")[:, :k]  # ties -> lower index
+        sel_mx = mx.array(sel.astype(np.int32))
+        chosen = mx.take_along_axis(prob, sel_mx, axis=1)  # unbiased scores weight the experts
+        if cfg.expert_weights_norm:
+            chosen = chosen / mx.maximum(mx.sum(chosen, axis=1, keepdims=True), ROUTE_WEIGHT_FLOOR)
+        weights = chosen * cfg.expert_weights_scale  # (T, k)
+
+        clamp = cfg.swiglu_clamp[i]
+        routed = mx.zeros_like(f)
+        for e in np.unique(sel):
+            t_idx, slot = np.nonzero(sel == e)
+            fe = f[mx.array(t_idx)]
+            g = linear(fe, self.w.expert(i, "gate", int(e)))
+            u = linear(fe, self.w.expert(i, "up", int(e)))
+            mid = self._swiglu(g, u, clamp) * weights[mx.array(t_idx), mx.array(slot)][:, None]
+            out = linear(mid, self.w.expert(i, "down", int(e)))
+            routed = routed.at[mx.array(t_idx)].add(out)
+        g = linear(f, w(p + "ffn_gate_shexp.weight"))
+        u = linear(f, w(p + "ffn_up_shexp.weight"))
+        shared = linear(self._swiglu(g, u, clamp), w(p + "ffn_down_shexp.weight"))
+        return routed + shared
+
+    @staticmethod
+    def _swiglu(g: mx.array, u: mx.array, clamp: float) -> mx.array:
+        g = mx.minimum(g, clamp)  # gate: upper clamp only
+        u = mx.clip(u, -clamp, clamp)
+        return g * mx.sigmoid(g) * u
+
+    # Output head -----------------------------------------------------------------------------
+    def _head(self, X: mx.array) -> mx.array:
+        cfg, w = self.cfg, self.w.get
+        T, hc, E = X.shape
+        flat = rms_norm(X.reshape(T, hc * E), None, cfg.rms_eps)
+        pre = linear(flat, w("output_hc_fn.weight"))
+        wts = mx.sigmoid(pre * w("output_hc_scale.weight")[0] + w("output_hc_base.weight")) + cfg.hc_eps
+        e = mx.sum(wts[:, :, None] * X, axis=1)
+        return linear(rms_norm(e, w("output_norm.weight"), cfg.rms_eps), w("output.weight"))
