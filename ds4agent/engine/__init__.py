@@ -8,10 +8,22 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["Tokenizer", "GGUFError", "ConfigError", "ModelConfig"]
+__all__ = ["Engine", "EngineError", "Session", "SamplingParams", "Tokenizer", "GGUFError", "ConfigError", "ModelConfig"]
 
 
 def __getattr__(name: str) -> Any:
+    if name in ("Engine", "EngineError"):
+        from . import engine
+
+        return getattr(engine, name)
+    if name == "Session":
+        from .session import Session
+
+        return Session
+    if name == "SamplingParams":
+        from .sampler import SamplingParams
+
+        return SamplingParams
     if name == "Tokenizer":
         from .tokenizer import Tokenizer
 

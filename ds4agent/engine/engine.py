@@ -1,0 +1,103 @@
+"""Engine.open: a model file, a backend, a context size -> sessions."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+from .config import ModelConfig, check_tensors, claims_flash, config_from_gguf, validate_flash
+from .gguf import GGUFError, GGUFFile
+from .model import Model, Options
+from .session import Session
+from .tokenizer import Tokenizer
+from .weights import Weights
+
+BACKENDS = ("auto", "cpu", "metal", "cuda")
+
+
+class EngineError(ValueError):
+    """A model or backend that cannot be used; one line."""
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    path: str
+    config: ModelConfig
+    backend: str
+    ctx: int
+    qat_sim: bool
+    quant_mix: dict[str, int]  # GGML type name -> bytes
+    is_flash: bool
+
+    @property
+    def name(self) -> str:
+        return self.config.name or "deepseek4"
+
+
+def _pick_backend(requested: str) -> str:
+    if requested not in BACKENDS:
+        raise EngineError(f"unknown backend {requested!r} (choose from {', '.join(BACKENDS)})")
+    metal = mx.metal.is_available()
+    cuda = hasattr(mx, "cuda") and mx.cuda.is_available()
+    if requested == "auto":
+        return "metal" if metal else "cuda" if cuda else "cpu"
+    if requested == "metal" and not metal:
+        raise EngineError("the metal backend is not available on this machine (needs Apple Silicon and MLX's Metal build)")
+    if requested == "cuda" and not cuda:
+        raise EngineError("the cuda backend is not available (install ds4agent[cuda12] or [cuda13] on an NVIDIA machine)")
+    return requested
+
+
+class Engine:
+    def __init__(self, f: GGUFFile, cfg: ModelConfig, tok: Tokenizer, backend: str, ctx: int, qat_sim: bool,
+                 is_flash: bool) -> None:
+        self._file = f
+        self.tokenizer = tok
+        self.ctx = ctx
+        self._model = Model(Weights(f, cfg), Options(qat_sim=qat_sim))
+        mix: dict[str, int] = {}
+        for t in f.tensors.values():
+            mix[t.type_name] = mix.get(t.type_name, 0) + t.nbytes
+        self.info = EngineInfo(f.path, cfg, backend, ctx, qat_sim, mix, is_flash)
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str], backend: str = "auto", ctx: int = 32768,
+             qat_sim: bool = True) -> "Engine":
+        """Open a DeepSeek V4 GGUF. Reads the header and vocabulary only; weights stay in the
+        mmap and are materialised when first used."""
+        if ctx < 2:
+            raise EngineError(f"context size must be at least 2 tokens, got {ctx}")
+        chosen = _pick_backend(backend)
+        mx.set_default_device(mx.cpu if chosen == "cpu" else mx.gpu)
+        f = GGUFFile(path)
+        try:
+            cfg = config_from_gguf(f)
+            flash = claims_flash(cfg)
+            problems = validate_flash(f, cfg) if flash else check_tensors(f, cfg)
+            if problems:
+                more = f" (and {len(problems) - 1} more; see 'ds4 inspect')" if len(problems) > 1 else ""
+                raise EngineError(f"{f.path}: {problems[0]}{more}")
+            tok = Tokenizer.from_gguf(f)
+            if tok.vocab_size != cfg.n_vocab:
+                raise EngineError(f"{f.path}: {tok.vocab_size} vocabulary strings for {cfg.n_vocab} embedding rows")
+        except Exception:
+            f.close()
+            raise
+        return cls(f, cfg, tok, chosen, ctx, qat_sim, flash)
+
+    def session(self) -> Session:
+        return Session(self)
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+__all__ = ["Engine", "EngineError", "EngineInfo", "GGUFError"]

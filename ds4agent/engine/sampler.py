@@ -1,0 +1,89 @@
+"""Token sampling: temperature, top-k, top-p, min-p with a seedable 64-bit xorshift generator.
+
+Semantics follow spec/product.md §3.3 so a seed reproduces a run: temperature <= 0 is argmax
+(first maximum); min-p is relative to the most likely token; without top-k/top-p the draw walks
+the vocabulary in id order. Logits arrive as float32 numpy (front ends never see MLX arrays).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+_MASK64 = (1 << 64) - 1
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    min_p: float = 0.05
+    top_k: int = 0  # 0 disables
+    seed: int | None = None
+
+    def validate(self) -> "SamplingParams":
+        if not (self.temperature >= 0):
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not (0 < self.top_p <= 1):
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not (0 <= self.min_p <= 1):
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if not (0 <= self.top_k <= 1024):
+            raise ValueError(f"top_k must be in 0..1024, got {self.top_k}")
+        return self
+
+
+class Rng:
+    """xorshift64* with a 24-bit uniform output: tiny, fast, and the same sequence everywhere."""
+
+    def __init__(self, seed: int | None) -> None:
+        if seed is None:
+            seed = (time.time_ns() ^ (os.getpid() << 32)) & _MASK64
+        self.state = (seed & _MASK64) or 0x9E3779B97F4A7C15
+
+    def uniform(self) -> float:
+        x = self.state
+        x ^= x >> 12
+        x ^= (x << 25) & _MASK64
+        x ^= x >> 27
+        self.state = x
+        out = (x * 0x2545F4914F6CDD1D) & _MASK64
+        return ((out >> 40) & 0xFFFFFF) / 16777216.0
+
+
+class Sampler:
+    def __init__(self, params: SamplingParams = SamplingParams()) -> None:
+        self.params = params.validate()
+        self.rng = Rng(params.seed)
+
+    def __call__(self, logits: np.ndarray) -> int:
+        p = self.params
+        logits = np.asarray(logits, dtype=np.float32)
+        if p.temperature <= 0:
+            return int(np.argmax(logits))  # first maximum
+        if p.top_k > 0:
+            k = min(p.top_k, logits.size)
+            ids = np.argsort(-logits, kind="stable")[:k]
+        elif p.top_p < 1:
+            ids = np.argsort(-logits, kind="stable")
+        else:
+            ids = None
+        cand = logits if ids is None else logits[ids]
+        weights = np.exp((cand.astype(np.float64) - cand.max()) / p.temperature)
+        keep = weights >= p.min_p  # relative to the top token, whose weight is 1
+        if ids is not None and p.top_p < 1:
+            probs = weights / weights.sum()
+            mass = np.cumsum(np.where(keep, probs, 0.0))
+            # Keep the prefix (in descending order) until the kept mass reaches top_p.
+            last = int(np.searchsorted(mass, p.top_p))
+            keep[last + 1 :] = False
+        keep[int(np.argmax(weights))] = True
+        kept = np.flatnonzero(keep)
+        w = weights[kept]
+        r = self.rng.uniform() * w.sum()
+        j = min(int(np.searchsorted(np.cumsum(w), r)), len(kept) - 1)  # first with cumsum >= r
+        idx = kept[j]
+        return int(idx if ids is None else ids[idx])
