@@ -35,8 +35,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"ds4agent {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
-    chat = sub.add_parser("chat", help="interactive chat (what plain 'ds4' runs)")
+    chat = sub.add_parser("chat", help="interactive chat (what plain 'ds4' runs); -p for one prompt")
     chat.add_argument("-m", "--model", metavar="PATH", help="GGUF model file")
+    chat.add_argument("-p", "--prompt", metavar="TEXT", help="answer one prompt and exit ('-' reads stdin)")
+    chat.add_argument("--prompt-file", metavar="FILE", help="read the one-shot prompt from FILE")
+    chat.add_argument("--system", metavar="TEXT", help="system text placed before the first user turn")
+    mode = chat.add_mutually_exclusive_group()
+    mode.add_argument("--think", dest="mode", action="store_const", const="thinking",
+                      help="reason before answering (default)")
+    mode.add_argument("--nothink", dest="mode", action="store_const", const="chat", help="answer directly")
+    mode.add_argument("--think-max", dest="mode", action="store_const", const="max",
+                      help="maximum reasoning effort (needs --ctx >= 393216)")
+    chat.set_defaults(mode="thinking")
+    gen = chat.add_argument_group("generation")
+    gen.add_argument("--temp", type=float, default=1.0, metavar="T", help="temperature, 0 = greedy (default 1)")
+    gen.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus sampling mass (default 1)")
+    gen.add_argument("--min-p", type=float, default=0.05, metavar="P",
+                     help="drop tokens below P x the top token's probability (default 0.05)")
+    gen.add_argument("--top-k", type=int, default=0, metavar="K", help="keep the K most likely tokens (0 = off)")
+    gen.add_argument("--seed", type=int, default=None, help="random seed (default: from the clock)")
+    gen.add_argument("-n", "--tokens", type=int, default=50000, metavar="N", help="generate at most N tokens")
+    gen.add_argument("-c", "--ctx", type=int, default=32768, metavar="N", help="context size in tokens (default 32768)")
+    gen.add_argument("--backend", choices=("auto", "cpu", "metal", "cuda"), default="auto", help="compute backend")
+    diag = chat.add_argument_group("diagnostics")
+    diag.add_argument("--dump-tokens", action="store_true",
+                      help="print the special-aware tokenisation of the prompt as given, then exit")
+    diag.add_argument("--dump-logprobs", metavar="FILE", help="write greedy top log-probabilities as JSON")
+    diag.add_argument("--logprobs-top-k", type=int, default=20, metavar="K", help="entries per step (1..128)")
 
     ins = sub.add_parser("inspect", help="describe a model file without loading its weights")
     ins.add_argument("model", nargs="?", metavar="MODEL", help="GGUF file (default: the model ds4 would run)")
@@ -129,26 +154,71 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _read_prompt(args: argparse.Namespace) -> str | None:
+    if args.prompt is not None and args.prompt_file is not None:
+        raise UsageError("give either -p or --prompt-file, not both")
+    if args.prompt_file is not None:
+        try:
+            return Path(args.prompt_file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise UsageError(f"{args.prompt_file}: cannot read prompt: {getattr(e, 'strerror', None) or e}") from None
+    if args.prompt == "-":
+        return sys.stdin.read()
+    return args.prompt
+
+
+def _sampling(args: argparse.Namespace):
+    from .engine import SamplingParams
+
+    if args.tokens < 1:
+        raise UsageError(f"-n must be at least 1, got {args.tokens}")
+    if args.ctx < 16:
+        raise UsageError(f"--ctx must be at least 16, got {args.ctx}")
+    try:
+        return SamplingParams(args.temp, args.top_p, args.min_p, args.top_k, args.seed).validate()
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
 def cmd_chat(args: argparse.Namespace) -> int:
-    from .engine.info import describe
     from .modelpath import DEMO_BANNER, resolve_model
 
+    prompt = _read_prompt(args)
+    if args.dump_tokens or args.dump_logprobs:
+        if prompt is None:
+            raise UsageError("--dump-tokens and --dump-logprobs need a prompt (-p or --prompt-file)")
+    if not 1 <= args.logprobs_top_k <= 128:
+        raise UsageError(f"--logprobs-top-k must be in 1..128, got {args.logprobs_top_k}")
+    sampling = _sampling(args)
     choice = resolve_model(args.model)
     if choice.is_demo:
         print(DEMO_BANNER, file=sys.stderr)
-    r = describe(choice.path)
-    if not r.usable:
-        raise UsageError(f"{choice.path}: {r.problems[0]} (run 'ds4 inspect {choice.path}' for details)")
-    print(f"model ready: {choice.path} ({r.config.name or 'deepseek4'}, {r.config.n_layer} layers, "
-          f"{_fmt_gib(r.file_size)})")
-    print("ds4: the interactive chat is not in this build yet (the MLX engine lands next); "
-          "'ds4 inspect' describes the model.", file=sys.stderr)
-    return 0
+    if args.dump_tokens:
+        from .engine import Tokenizer
+        from .oneshot import dump_tokens
+
+        dump_tokens(Tokenizer.from_gguf(choice.path), prompt, sys.stdout)
+        return 0
+    if prompt is None:
+        print(f"model: {choice.path}", file=sys.stderr)
+        print("ds4: the interactive chat is not in this build yet; use ds4 -p TEXT for one prompt.", file=sys.stderr)
+        return 0
+
+    from .engine import Engine
+    from .oneshot import OneShot, dump_logprobs, effective_mode, run
+
+    engine = Engine.open(choice.path, backend=args.backend, ctx=args.ctx)
+    job = OneShot(prompt, effective_mode(args.mode, args.ctx, sys.stderr), args.system, sampling, args.tokens, args.ctx)
+    if args.dump_logprobs:
+        return dump_logprobs(engine, job, args.dump_logprobs, args.logprobs_top_k)
+    return run(engine, job, sys.stdout, sys.stderr)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     from .engine.config import ConfigError
+    from .engine.engine import EngineError
     from .engine.gguf import GGUFError
+    from .engine.session import ContextFullError
     from .modelpath import ModelChoiceError
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -160,7 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
         handler = {"chat": cmd_chat, "inspect": cmd_inspect, "demo": cmd_demo}[args.command]
         return handler(args)
-    except (UsageError, GGUFError, ConfigError, ModelChoiceError) as e:
+    except (UsageError, GGUFError, ConfigError, ModelChoiceError, EngineError, ContextFullError) as e:
         print(f"ds4: error: {e}", file=sys.stderr)
         return 2 if isinstance(e, UsageError) else 1
     except OSError as e:
@@ -168,8 +238,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"ds4: error: {where}{e.strerror or e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("ds4: interrupted", file=sys.stderr)
+        print("\nds4: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `ds4 -p ... | head`: the reader left; not an error worth a traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -21,7 +21,7 @@ import numpy as np
 from . import qat
 from .config import ModelConfig
 from .state import NEG_INF, Frontier, LayerState, ModelState
-from .weights import Weights
+from .weights import QMatrix, Weights
 
 ROUTE_WEIGHT_FLOOR = 6.103515625e-5  # 2^-14: floor of the sum of selected router scores
 
@@ -36,9 +36,15 @@ def rms_norm(x: mx.array, w: mx.array | None, eps: float) -> mx.array:
     return y if w is None else y * w
 
 
-def linear(x: mx.array, w: mx.array) -> mx.array:
-    """x @ wᵀ for GGUF-layout weights (out, in)."""
+def linear(x: mx.array, w: "mx.array | QMatrix") -> mx.array:
+    """x @ wᵀ for GGUF-layout weights (out, in), dense or repacked Q8_0."""
+    if isinstance(w, QMatrix):
+        return w.matmul_t(x)
     return x @ w.T
+
+
+def _rows(w: "mx.array | QMatrix", start: int, stop: int) -> "mx.array | QMatrix":
+    return w.rows(start, stop) if isinstance(w, QMatrix) else w[start:stop]
 
 
 # -- RoPE ---------------------------------------------------------------------------------------
@@ -242,10 +248,12 @@ class Model:
         out = Rope.apply(out, cos, sin, R, inverse=True)
         out = mx.swapaxes(out, 0, 1)  # (T, H, D)
 
-        G = cfg.n_out_group
-        wa = w(p + "attn_output_a.weight").reshape(G, cfg.o_lora_rank, -1)  # rows of group g
-        grouped = out.reshape(T, G, -1)  # heads of a group are contiguous
-        low = mx.einsum("tgi,goi->tgo", grouped, wa).reshape(T, G * cfg.o_lora_rank)
+        # Grouped projection: group g = contiguous heads, through rows g·rank..(g+1)·rank of
+        # attn_output_a; not one big matmul over all heads.
+        G, rank = cfg.n_out_group, cfg.o_lora_rank
+        wa = w(p + "attn_output_a.weight")
+        grouped = out.reshape(T, G, -1)
+        low = mx.concatenate([linear(grouped[:, g], _rows(wa, g * rank, (g + 1) * rank)) for g in range(G)], axis=-1)
         return linear(low, w(p + "attn_output_b.weight"))
 
     def _finish_kv(self, rows: mx.array) -> mx.array:

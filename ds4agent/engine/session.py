@@ -31,7 +31,7 @@ class ContextFullError(ValueError):
 class Step:
     token: int
     index: int  # 0-based count of generated tokens
-    seconds: float  # time spent producing this token (sampling + decode of the previous one)
+    seconds: float  # time spent producing this token: decoding the previous one, then sampling
     finish: str | None = None  # "eos", "length", "context" on the last step
 
 
@@ -125,5 +125,5 @@ class Session:
             yield Step(token, index, now - t, finish)
             if finish:
                 return
+            t = time.perf_counter()  # the consumer's time between steps is not ours
             self.eval(token)
-            t = time.perf_counter()

@@ -12,8 +12,11 @@ real model they are huge and each token touches a sliver of them:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import mlx.core as mx
 import numpy as np
+from gguf.constants import GGMLQuantizationType
 
 from .config import ModelConfig
 from .gguf import GGUFFile
@@ -32,17 +35,23 @@ class Weights:
     def type_of(self, name: str) -> int:
         return self.file.tensors[name].type
 
-    def get(self, name: str) -> mx.array:
-        """Whole tensor as float32 in logical (numpy) shape, dequantised once and cached."""
+    def get(self, name: str) -> "mx.array | QMatrix":
+        """A tensor in logical (numpy) shape, materialised once and cached: F32 as float32, F16
+        kept as float16 (promoted exactly inside matmuls), Q8_0 repacked into MLX's 8-bit
+        affine format, anything else dequantised to float32."""
         w = self._cache.get(name)
         if w is None:
             t = self.file.tensors[name]
             view = self.file.array(name)
-            if t.type in (0, 1):  # F32 / F16: copy out of the mmap as float32
+            if t.type == 0:
                 w = mx.array(np.asarray(view, dtype=np.float32))
+            elif t.type == 1:
+                w = mx.array(np.asarray(view, dtype=np.float16))
+            elif t.type == GGMLQuantizationType.Q8_0 and len(t.shape) == 2:
+                w = QMatrix.from_q8_0(view, t.shape)
             else:
                 w = dequantize(view, t.type).reshape(t.shape)
-            mx.eval(w)
+            mx.eval(w.arrays() if isinstance(w, QMatrix) else w)
             self._cache[name] = w
         return w
 
@@ -62,4 +71,44 @@ class Weights:
         return dequantize(packed, t.type)
 
     def materialised_bytes(self) -> int:
-        return sum(a.nbytes for a in self._cache.values())
+        return sum(sum(a.nbytes for a in w.arrays()) if isinstance(w, QMatrix) else w.nbytes
+                   for w in self._cache.values())
+
+
+@dataclass
+class QMatrix:
+    """A Q8_0 matrix in MLX's 8-bit affine layout (groups of 32): q = qs + 128 as uint8 packed
+    four to a uint32, scale = d, bias = −128·d. scale·q + bias equals d·qs exactly in float32
+    (d has 11 significant bits, q 8), so this is a lossless repack that MLX's quantised matmul
+    reads directly, at 1.25 bytes per weight instead of 4 for float32."""
+
+    wq: mx.array  # (out, in/4) uint32
+    scales: mx.array  # (out, in/32) float32
+    biases: mx.array
+    shape: tuple[int, int]
+
+    GROUP = 32
+    BITS = 8
+
+    @classmethod
+    def from_q8_0(cls, packed: np.ndarray, shape: tuple[int, ...]) -> "QMatrix":
+        out, inn = shape
+        blocks = np.ascontiguousarray(packed).reshape(out, inn // 32, 34)
+        d = blocks[:, :, :2].copy().view("<f2")[..., 0].astype(np.float32)
+        q = (blocks[:, :, 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8)
+        wq = np.ascontiguousarray(q.reshape(out, inn)).view("<u4")
+        return cls(mx.array(wq), mx.array(d), mx.array(-128.0 * d), (out, inn))
+
+    def rows(self, start: int, stop: int) -> "QMatrix":
+        return QMatrix(self.wq[start:stop], self.scales[start:stop], self.biases[start:stop], (stop - start, self.shape[1]))
+
+    def arrays(self) -> list[mx.array]:
+        return [self.wq, self.scales, self.biases]
+
+    def matmul_t(self, x: mx.array) -> mx.array:
+        """x @ Wᵀ."""
+        return mx.quantized_matmul(x, self.wq, self.scales, self.biases, transpose=True,
+                                   group_size=self.GROUP, bits=self.BITS)
+
+    def dequantized(self) -> mx.array:
+        return mx.dequantize(self.wq, self.scales, self.biases, group_size=self.GROUP, bits=self.BITS)

@@ -1,0 +1,146 @@
+"""`ds4 -p`: one prompt, one answer, streamed; plus the --dump-tokens / --dump-logprobs diagnostics."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from dataclasses import dataclass
+from typing import IO
+
+import numpy as np
+
+from .engine import Engine, SamplingParams, Tokenizer
+from .engine.template import THINK_MAX_MIN_CTX, one_shot_prompt
+from .engine.tokenizer import BOS
+
+GREY, CYAN, RESET = "\x1b[90m", "\x1b[36m", "\x1b[0m"
+
+
+@dataclass
+class OneShot:
+    prompt: str
+    mode: str  # "chat" | "thinking" | "max"
+    system: str | None
+    sampling: SamplingParams
+    max_tokens: int
+    ctx: int
+
+
+def effective_mode(mode: str, ctx: int, err: IO[str]) -> str:
+    if mode == "max" and ctx < THINK_MAX_MIN_CTX:
+        print(f"ds4: warning: --think-max needs --ctx >= {THINK_MAX_MIN_CTX}; ctx={ctx} uses normal thinking instead",
+              file=err)
+        return "thinking"
+    return mode
+
+
+def prompt_ids(tok: Tokenizer, job: OneShot) -> list[int]:
+    # A prompt that already starts with BOS is taken as fully rendered text.
+    text = job.prompt if job.prompt.startswith(BOS) else one_shot_prompt(job.prompt, job.system, job.mode)
+    return tok.encode_rendered(text)
+
+
+def dump_tokens(tok: Tokenizer, text: str, out: IO[str]) -> None:
+    """Special-aware tokenisation of ``text`` exactly as given (no template)."""
+    ids = tok.encode_rendered(text)
+    out.write("[" + ", ".join(str(i) for i in ids) + "]\n")
+    for i in ids:
+        out.write(f"{i:6d}  {tok.token_text(i)}\n")
+
+
+def run(engine: Engine, job: OneShot, out: IO[str], err: IO[str]) -> int:
+    tok = engine.tokenizer
+    ids = prompt_ids(tok, job)
+    tty = err.isatty()
+    session = engine.session()
+
+    def progress(done: int, total: int) -> None:
+        if tty:
+            err.write(f"\r{CYAN}processing {total} input tokens: {done}/{total} ({100 * done // total}%){RESET}\x1b[K")
+            if done == total:
+                err.write("\n")
+        else:
+            err.write(f"processing {total} input tokens: {done}/{total}\n")
+        err.flush()
+
+    session.sync(ids, progress=progress if len(ids) > session.prefill_chunk else None)
+    prefill = session.last_prefill
+    color = out.isatty()
+    thinking = job.mode != "chat" and not job.prompt.startswith(BOS)
+    if thinking and color:
+        out.write(GREY)
+    stream = tok.stream()
+    think_close = tok.special["think_close"]
+    gen_time, n_gen = 0.0, 0
+    ended_with_newline = True
+    for step in session.generate(job.sampling, max_tokens=job.max_tokens):
+        gen_time += step.seconds
+        n_gen += 1
+        if step.finish == "eos":
+            break
+        if thinking and step.token == think_close:
+            thinking = False
+            stream.flush()
+            out.write((RESET if color else "") + "\n")
+            ended_with_newline = True
+            out.flush()
+            continue
+        text = stream.feed(step.token)
+        if text:
+            out.write(text)
+            ended_with_newline = text.endswith("\n")
+            out.flush()
+    text = stream.flush()
+    if text:
+        out.write(text)
+        ended_with_newline = text.endswith("\n")
+    if color and thinking:
+        out.write(RESET)
+    if not ended_with_newline:
+        out.write("\n")
+    out.flush()
+    gen_tps = n_gen / gen_time if gen_time > 0 else 0.0
+    line = f"ds4: prefill: {prefill.tps:.2f} t/s, generation: {gen_tps:.2f} t/s"
+    err.write((CYAN + line + RESET if tty else line) + "\n")
+    return 0
+
+
+def _token_json(tok: Tokenizer, token: int) -> str:
+    raw = tok.token_bytes(token)
+    try:
+        text = json.dumps(raw.decode("utf-8"), ensure_ascii=False)
+    except UnicodeDecodeError:
+        # Not valid UTF-8 on its own (a piece of a character): bytes >= 0x80 as \u00XX.
+        text = json.dumps(raw.decode("latin-1"), ensure_ascii=False)
+        text = "".join(f"\\u{ord(c):04x}" if ord(c) >= 0x80 else c for c in text)
+    return f'{{"id":{token},"text":{text},"bytes":[{",".join(str(b) for b in raw)}]}}'
+
+
+def dump_logprobs(engine: Engine, job: OneShot, path: str, top_k: int) -> int:
+    """Greedy continuation of the templated prompt, writing each step's top log-probabilities."""
+    tok = engine.tokenizer
+    ids = prompt_ids(tok, job)
+    session = engine.session()
+    session.sync(ids)
+    steps = []
+    for step in session.generate(SamplingParams(temperature=0), max_tokens=job.max_tokens):
+        # generate() samples from session.logits before evaluating the token: read them first.
+        logits = session.logits.astype(np.float64)
+        m = logits.max()
+        logz = m + math.log(np.exp(logits - m).sum())
+        top = np.argsort(-logits, kind="stable")[:top_k]
+        entries = ",".join(
+            f'{{"token":{_token_json(tok, int(t))},"logit":{logits[t]:.9g},"logprob":{logits[t] - logz:.9g}}}'
+            for t in top
+        )
+        steps.append(f'    {{"step":{step.index},"selected":{_token_json(tok, step.token)},"top_logprobs":[{entries}]}}')
+        if step.finish:
+            break
+    body = (
+        f'{{\n  "source":"ds4agent",\n  "prompt_tokens":{len(ids)},\n  "ctx":{engine.ctx},\n  "top_k":{top_k},\n'
+        f'  "steps":[\n' + ",\n".join(steps) + "\n  ]\n}\n"
+    )
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(body)
+    return 0
