@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 import numpy as np
 
 from .sampler import Sampler, SamplingParams
-from .state import ModelState
+from .state import ModelState, read_payload, write_payload
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -97,6 +97,18 @@ class Session:
         if todo:
             self.last_prefill = PrefillStats(len(todo), time.perf_counter() - start)
         return len(todo)
+
+    def snapshot(self) -> bytes:
+        """The live state as a DSV4 session payload (spec/model.md §6.1)."""
+        if self._logits is None:
+            raise RuntimeError("nothing to snapshot: the session holds no tokens")
+        return write_payload(self._model.cfg, self.ctx, self._state, self._tokens, self._logits)
+
+    def restore(self, blob: bytes | memoryview) -> None:
+        """Replace the live state by a snapshot; runs no model evaluation. On any mismatch
+        (PayloadError) the session is left as it was."""
+        state, tokens, logits = read_payload(self._model.cfg, self.ctx, blob, f16_rows=self._model.opt.qat_sim)
+        self._state, self._tokens, self._logits = state, tokens, logits
 
     def eval(self, token: int) -> None:
         if len(self._tokens) + 1 >= self.ctx:

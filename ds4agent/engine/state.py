@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import mlx.core as mx
+import numpy as np
 
 from .config import ModelConfig
 
@@ -72,3 +73,149 @@ class ModelState:
                 if fr is not None:
                     out += [fr.kv, fr.score]
         return out
+
+
+# -- the session payload (spec/model.md §6.1) ---------------------------------------------------
+#
+# Byte-compatible with ds4's DSV4 payload: 13 little-endian u32 header fields, then token ids,
+# next-token logits, per-layer compressed-row counts, and per layer the raw window rows in
+# logical order, compressed rows and compressor frontiers, all float32. The dimension fields
+# come from the loaded model, so tiny models round-trip through the same code.
+
+PAYLOAD_MAGIC = 0x34565344  # b"DSV4"
+PAYLOAD_VERSION = 1
+HEADER_FIELDS = 13
+# ds4's prefill capacity: prompts are processed in chunks of at most 2048 tokens. The field is
+# part of the format and must match on load, so we write the same value.
+PREFILL_CAP = 2048
+
+
+class PayloadError(ValueError):
+    """A snapshot that does not fit this model or context; one line."""
+
+
+def prefill_cap(ctx: int) -> int:
+    return min(ctx, PREFILL_CAP)
+
+
+def _frontier_shape(cfg: ModelConfig, layer: int) -> tuple[int, int]:
+    r = cfg.ratio(layer)
+    return (8 if r == 4 else r), cfg.compressor_width(layer)
+
+
+def payload_size(cfg: ModelConfig, n: int) -> int:
+    """Exact payload bytes after n tokens, computed without building it (spec §4.3)."""
+    size = 4 * HEADER_FIELDS + 4 * n + 4 * cfg.n_vocab + 2 * 4 * cfg.n_layer
+    live = min(n, cfg.sliding_window)
+    for i in range(cfg.n_layer):
+        r = cfg.ratio(i)
+        size += 4 * live * cfg.head_dim
+        if r:
+            S, W = _frontier_shape(cfg, i)
+            size += 4 * (n // r) * cfg.head_dim + 2 * 4 * S * W
+        if r == 4:
+            size += 4 * (n // 4) * cfg.indexer_head_dim + 2 * 4 * 8 * 2 * cfg.indexer_head_dim
+    return size
+
+
+def _f32(a: mx.array) -> bytes:
+    return np.asarray(a, dtype="<f4").tobytes()
+
+
+def write_payload(cfg: ModelConfig, ctx: int, state: ModelState, tokens: list[int], logits: np.ndarray) -> bytes:
+    n = len(tokens)
+    if state.n_tokens != n:
+        raise PayloadError(f"state holds {state.n_tokens} tokens but {n} token ids were given")
+    live = min(n, cfg.sliding_window)
+    header = [PAYLOAD_MAGIC, PAYLOAD_VERSION, ctx, prefill_cap(ctx), min(cfg.sliding_window, ctx),
+              cfg.sliding_window, ctx // 4 + 2, n, cfg.n_layer, cfg.head_dim, cfg.indexer_head_dim,
+              cfg.n_vocab, live]
+    parts = [np.asarray(header, dtype="<u4").tobytes(), np.asarray(tokens, dtype="<u4").tobytes(),
+             np.asarray(logits, dtype="<f4").tobytes()]
+    comp = [st.comp.shape[0] if st.comp is not None else 0 for st in state.layers]
+    idx = [st.idx_comp.shape[0] if st.idx_comp is not None else 0 for st in state.layers]
+    parts += [np.asarray(comp, dtype="<u4").tobytes(), np.asarray(idx, dtype="<u4").tobytes()]
+    for st in state.layers:
+        parts.append(_f32(st.raw[st.raw.shape[0] - live :]) if live else b"")
+        if st.ratio:
+            parts += [_f32(st.comp), _f32(st.comp_frontier.kv), _f32(st.comp_frontier.score)]
+        if st.ratio == 4:
+            parts += [_f32(st.idx_comp), _f32(st.idx_frontier.kv), _f32(st.idx_frontier.score)]
+    blob = b"".join(parts)
+    assert len(blob) == payload_size(cfg, n)
+    return blob
+
+
+def read_payload(cfg: ModelConfig, ctx: int, blob: bytes | memoryview, f16_rows: bool) -> tuple[ModelState, list[int], np.ndarray]:
+    """Parse and check a payload against this model and context.
+
+    ``f16_rows`` re-applies the cache's f16 rounding to stored rows: ds4's GPU writes them
+    unrounded (its kernels round on read); for CPU-written files it changes nothing."""
+    buf = memoryview(blob).cast("B")
+    if len(buf) < 4 * HEADER_FIELDS:
+        raise PayloadError(f"snapshot is truncated ({len(buf)} bytes, the header alone needs {4 * HEADER_FIELDS})")
+    h = np.frombuffer(buf, dtype="<u4", count=HEADER_FIELDS).tolist()
+    if h[0] != PAYLOAD_MAGIC:
+        raise PayloadError("not a DeepSeek V4 session snapshot (bad magic)")
+    if h[1] != PAYLOAD_VERSION:
+        raise PayloadError(f"snapshot format version {h[1]} is not supported (this build reads version {PAYLOAD_VERSION})")
+    saved_ctx, cap, raw_cap, window, comp_cap, n = h[2], h[3], h[4], h[5], h[6], h[7]
+    dims = (h[8], h[9], h[10], h[11])
+    want = (cfg.n_layer, cfg.head_dim, cfg.indexer_head_dim, cfg.n_vocab)
+    if dims != want:
+        raise PayloadError(f"snapshot is for another model shape (layers/head/indexer/vocab {dims}, this model {want})")
+    if saved_ctx > ctx or n >= ctx:
+        raise PayloadError(f"snapshot needs a context of {max(saved_ctx, n + 1)} tokens, this session has {ctx}")
+    if cap != prefill_cap(ctx):
+        raise PayloadError(f"snapshot prefill capacity {cap} differs from this session's {prefill_cap(ctx)}")
+    if window != cfg.sliding_window:
+        raise PayloadError(f"snapshot window {window} differs from the model's {cfg.sliding_window}")
+    live = min(n, window)
+    if h[12] != live or live > raw_cap:
+        raise PayloadError(f"snapshot raw row count {h[12]} is inconsistent with {n} tokens")
+    if comp_cap > ctx // 4 + 2:
+        raise PayloadError(f"snapshot compressed capacity {comp_cap} exceeds this session's {ctx // 4 + 2}")
+    expected = payload_size(cfg, n)
+    pos = 4 * HEADER_FIELDS
+
+    def take(count: int, dtype: str) -> np.ndarray:
+        nonlocal pos
+        nbytes = count * 4
+        if pos + nbytes > len(buf):
+            raise PayloadError(f"snapshot is truncated ({len(buf)} bytes, expected {expected})")
+        a = np.frombuffer(buf, dtype=dtype, count=count, offset=pos)
+        pos += nbytes
+        return a
+
+    tokens = take(n, "<u4").astype(np.int64)
+    if n and int(tokens.max()) >= cfg.n_vocab:
+        raise PayloadError("snapshot holds a token id outside the vocabulary")
+    logits = take(cfg.n_vocab, "<f4").copy()
+    comp_counts = take(cfg.n_layer, "<u4").tolist()
+    idx_counts = take(cfg.n_layer, "<u4").tolist()
+    state = ModelState.empty(cfg)
+    state.n_tokens = n
+    rnd = (lambda a: a.astype(np.float16).astype(np.float32)) if f16_rows else (lambda a: a)
+    for i, st in enumerate(state.layers):
+        r = st.ratio
+        want_comp = n // r if r else 0
+        want_idx = n // 4 if r == 4 else 0
+        if comp_counts[i] != want_comp or idx_counts[i] != want_idx:
+            raise PayloadError(f"snapshot layer {i} has {comp_counts[i]}/{idx_counts[i]} compressed rows, "
+                               f"expected {want_comp}/{want_idx} after {n} tokens")
+        st.raw = mx.array(rnd(take(live * cfg.head_dim, "<f4").reshape(live, cfg.head_dim)))
+        if r:
+            S, W = _frontier_shape(cfg, i)
+            st.comp = mx.array(rnd(take(want_comp * cfg.head_dim, "<f4").reshape(want_comp, cfg.head_dim)))
+            st.comp_frontier = Frontier(mx.array(take(S * W, "<f4").reshape(S, W)),
+                                        mx.array(take(S * W, "<f4").reshape(S, W)))
+        if r == 4:
+            Di = cfg.indexer_head_dim
+            st.idx_comp = mx.array(rnd(take(want_idx * Di, "<f4").reshape(want_idx, Di)))
+            st.idx_frontier = Frontier(mx.array(take(8 * 2 * Di, "<f4").reshape(8, 2 * Di)),
+                                       mx.array(take(8 * 2 * Di, "<f4").reshape(8, 2 * Di)))
+    if pos != len(buf):
+        raise PayloadError(f"snapshot has {len(buf) - pos} unexpected trailing bytes")
+    if not np.isfinite(logits).all():
+        raise PayloadError("snapshot logits are not finite (corrupt file?)")
+    return state, tokens.tolist(), logits
