@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
 
@@ -30,10 +31,25 @@ class EngineInfo:
     qat_sim: bool
     quant_mix: dict[str, int]  # GGML type name -> bytes
     is_flash: bool
+    expert_quant_bits: int  # 4 when layer 0's routed experts are Q4_K, else 2 (ds4's convention)
+    fingerprint: int  # identifies these exact weights (see _fingerprint)
 
     @property
     def name(self) -> str:
         return self.config.name or "deepseek4"
+
+
+def _fingerprint(f: GGUFFile) -> int:
+    """A 32-bit identity of the weights: the tensor directory plus the first 4 KiB of a few
+    tensors (an imatrix build differs from a plain one only in quantised bytes). Reads a handful
+    of pages, never whole tensors."""
+    h = hashlib.sha1()
+    for t in f.tensors.values():
+        h.update(f"{t.name}:{t.type}:{t.dims}".encode())
+    for name in ("token_embd.weight", "output.weight", "blk.0.ffn_gate_exps.weight", "blk.0.attn_q_a.weight"):
+        if name in f.tensors:
+            h.update(bytes(f.raw(name)[:4096]))
+    return int.from_bytes(h.digest()[:4], "little") or 1  # 0 means "unknown" (ds4 files)
 
 
 def _pick_backend(requested: str) -> str:
@@ -60,7 +76,8 @@ class Engine:
         mix: dict[str, int] = {}
         for t in f.tensors.values():
             mix[t.type_name] = mix.get(t.type_name, 0) + t.nbytes
-        self.info = EngineInfo(f.path, cfg, backend, ctx, qat_sim, mix, is_flash)
+        bits = 4 if f.tensors["blk.0.ffn_gate_exps.weight"].type_name == "Q4_K" else 2
+        self.info = EngineInfo(f.path, cfg, backend, ctx, qat_sim, mix, is_flash, bits, _fingerprint(f))
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], backend: str = "auto", ctx: int = 32768,

@@ -55,6 +55,10 @@ class Session:
         self.last_prefill = PrefillStats()
         self.reset()
 
+    @property
+    def engine(self) -> "Engine":
+        return self._engine
+
     def reset(self) -> None:
         self._state = ModelState.empty(self._model.cfg)
         self._tokens: list[int] = []
