@@ -7,6 +7,10 @@ cases the official encoder produced (tests/test_template.py).
 * ``parse(text, thinking_mode)`` splits a completion into reasoning, content and DSML tool
   calls, returning a structured error for malformed text instead of raising.
 
+An assistant message may carry ``dsml``: the tool block exactly as the model sampled it (from
+``<｜DSML｜tool_calls>`` to its closing tag). It is replayed verbatim instead of re-rendering the
+calls canonically, so a transcript's text stays identical to what the model produced.
+
 Where the official encoder only crashes on an input shape (user content given as a list of
 parts, Anthropic blocks, tools given without the OpenAI ``function`` wrapper), we normalise the
 input first; everything the official encoder accepts renders identically.
@@ -185,12 +189,13 @@ class _Msg:
     wo_eos: bool = False
     blocks: list[tuple] | None = None  # user turns: ("text", s) | ("result", call_id, content)
     call_id: str = ""
+    dsml: str | None = None  # the tool block exactly as sampled, replayed instead of re-rendering
 
 
 def _as_msg(m: dict) -> _Msg:
     return _Msg(m["role"], m.get("content"), m.get("reasoning_content"), list(m.get("tool_calls") or []),
                 m.get("tools"), m.get("response_format"), m.get("task"), bool(m.get("wo_eos")),
-                call_id=m.get("tool_call_id") or "")
+                call_id=m.get("tool_call_id") or "", dsml=m.get("dsml"))
 
 
 def _merge(msgs: list[_Msg]) -> list[_Msg]:
@@ -317,7 +322,9 @@ def _render_one(i: int, msgs: list[_Msg], thinking: bool, drop: bool, effort: st
         if thinking and not (i > 0 and msgs[i - 1].task is not None) and (not drop or i > last_user):
             out += (m.reasoning or "") + THINK_CLOSE  # the opening <think> ends the user turn
         out += m.content or ""
-        if m.tool_calls:
+        if m.dsml:
+            out += "\n\n" + m.dsml
+        elif m.tool_calls:
             out += "\n\n" + tool_calls_dsml(m.tool_calls)
         if not m.wo_eos:
             out += EOS

@@ -1,0 +1,72 @@
+"""An append-only token transcript of a conversation (chat and agent).
+
+Each append renders only the new messages, with everything before them as the official
+encoder's ``context``: the text is exactly what the official encoding produces turn by turn,
+and tokens are only ever added at the end, so the KV session prefills just the new suffix. For
+a conversation in one thinking mode this equals ``render(messages, drop_thinking=False)`` of
+the whole conversation (consecutive user messages are the one exception: the official encoder
+never merges across the context boundary, so they stay separate turns). Rendered suffixes
+begin at a special token (a turn marker, the end of sentence, or the ``<think>`` an answer
+follows), so tokenising them separately gives the ids of tokenising the whole text.
+
+Assistant turns keep the token ids the model actually sampled (a model may pick a
+non-canonical tokenisation; re-tokenising would break the KV prefix) whenever their text is
+exactly the rendering of the parsed message; tool blocks replay byte for byte through the
+message's ``dsml`` field.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from .template import render
+from .tokenizer import Tokenizer
+
+
+class Transcript:
+    def __init__(self, tokenizer: Tokenizer, thinking_mode: str = "thinking", reasoning_effort: str | None = None) -> None:
+        self.tok = tokenizer
+        self.thinking_mode = thinking_mode
+        self.reasoning_effort = reasoning_effort
+        self.messages: list[dict] = []
+        self.tokens: list[int] = []
+        self.text = ""
+
+    def _render_new(self, messages: list[dict]) -> str:
+        first = not self.messages
+        # Think-Max's paragraph sits right after BOS, so only the first render can place it.
+        return render(messages, self.thinking_mode, self.reasoning_effort if first else None,
+                      drop_thinking=False, add_default_bos_token=first, context=self.messages or None)
+
+    def append(self, *messages: dict) -> list[int]:
+        """Add messages (user, tool results, system, ...); returns the token ids added."""
+        text = self._render_new(list(messages))
+        self.messages.extend(messages)
+        added = self.tok.encode_rendered(text)
+        self.tokens.extend(added)
+        self.text += text
+        return added
+
+    def append_sampled(self, message: dict, sampled: Sequence[int]) -> bool:
+        """Add the assistant turn ``message`` that the model produced as ``sampled`` token ids.
+
+        Returns True when the sampled ids were kept (their text is exactly the turn's rendering),
+        False when the turn was re-tokenised from its rendering (an interrupted answer that gets
+        an end-of-sentence appended, or output that did not parse)."""
+        text = self._render_new([message])
+        self.messages.append(message)
+        self.text += text
+        if self.tok.decode_bytes(sampled) == text.encode("utf-8"):
+            self.tokens.extend(int(t) for t in sampled)
+            return True
+        self.tokens.extend(self.tok.encode_rendered(text))
+        return False
+
+    def rerender(self, thinking_mode: str | None = None, reasoning_effort: str | None = None) -> None:
+        """Render the whole conversation again (e.g. Think Max toggled: its paragraph sits at
+        the very start). The KV cache no longer matches; the next sync prefills everything."""
+        if thinking_mode:
+            self.thinking_mode = thinking_mode
+        self.reasoning_effort = reasoning_effort
+        self.text = render(self.messages, self.thinking_mode, self.reasoning_effort, drop_thinking=False)
+        self.tokens = self.tok.encode_rendered(self.text)
