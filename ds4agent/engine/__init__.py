@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["Engine", "EngineError", "Session", "SamplingParams", "Tokenizer", "GGUFError", "ConfigError", "ModelConfig"]
+__all__ = ["Engine", "EngineError", "Session", "SamplingParams", "Tokenizer", "GGUFError", "ConfigError", "ModelConfig",
+           "render", "parse", "Transcript", "StreamParser"]
 
 
 def __getattr__(name: str) -> Any:
@@ -24,6 +25,18 @@ def __getattr__(name: str) -> Any:
         from .sampler import SamplingParams
 
         return SamplingParams
+    if name in ("render", "parse"):
+        from . import template
+
+        return getattr(template, name)
+    if name == "Transcript":
+        from .transcript import Transcript
+
+        return Transcript
+    if name == "StreamParser":
+        from .streamparse import StreamParser
+
+        return StreamParser
     if name == "Tokenizer":
         from .tokenizer import Tokenizer
 
