@@ -23,6 +23,13 @@ VERSION = 1
 HEADER = struct.Struct("<3sBBBBBIIIIQQQI")  # through the text length: 52 bytes
 TOOLMAP_MAGIC = b"KTM"
 FLAG_TOOLMAP = 1
+# Our extension (a flag bit ds4 does not use): a trailer with the SHA-1 of everything that must
+# not change — header fields other than the hit count and last-used time (updated in place),
+# the text, the payload and the tool map. ds4 has no checksum, so a flipped bit in the payload
+# would otherwise resume silently wrong. Files without the flag (ds4's) are read unchecked.
+FLAG_CHECKSUM = 8
+CHECKSUM_MAGIC = b"KCS"
+CHECKSUM_SIZE = 4 + 20
 
 REASONS = {"unknown": 0, "cold": 1, "continued": 2, "evict": 3, "shutdown": 4, "agent-system": 5, "agent-session": 6}
 REASON_NAMES = {v: k for k, v in REASONS.items()}
@@ -76,14 +83,20 @@ class KVFile:
         h = self.header
         h.text_bytes = len(self.text)
         h.payload_bytes = len(self.payload)
-        h.flags = (h.flags & ~FLAG_TOOLMAP) | (FLAG_TOOLMAP if self.tool_map else 0)
+        h.flags = (h.flags & ~FLAG_TOOLMAP) | (FLAG_TOOLMAP if self.tool_map else 0) | FLAG_CHECKSUM
         parts = [h.pack(), self.text, self.payload]
         if self.tool_map:
             parts.append(TOOLMAP_MAGIC + bytes([1]) + struct.pack("<I", len(self.tool_map)))
             for ident, dsml in self.tool_map.items():
                 raw = ident.encode("utf-8")
                 parts += [struct.pack("<II", len(raw), len(dsml)), raw, dsml]
-        return b"".join(parts)
+        body = b"".join(parts)
+        return body + CHECKSUM_MAGIC + bytes([1]) + _checksum(body)
+
+
+def _checksum(body: bytes) -> bytes:
+    # Skip the hit count (12..16) and last-used time (32..40): they change in place on load.
+    return hashlib.sha1(body[:12] + body[16:32] + body[40:]).digest()
 
 
 def text_sha(text: bytes) -> str:
@@ -130,6 +143,11 @@ def read_file(path: str | os.PathLike[str]) -> KVFile:
     except OSError as e:
         raise KVFileError(f"{path}: cannot read: {e.strerror}") from None
     h = _parse_header(data, path, len(data))
+    if h.flags & FLAG_CHECKSUM:
+        body, trailer = data[:-CHECKSUM_SIZE], data[-CHECKSUM_SIZE:]
+        if len(data) < HEADER.size + CHECKSUM_SIZE or trailer[:4] != CHECKSUM_MAGIC + bytes([1]) or _checksum(body) != trailer[4:]:
+            raise KVFileError(f"{path}: checksum mismatch (the file is damaged)")
+        data = body
     text = data[h.text_offset : h.payload_offset]
     payload = data[h.payload_offset : h.payload_offset + h.payload_bytes]
     rest = data[h.payload_offset + h.payload_bytes :]
