@@ -40,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("-p", "--prompt", metavar="TEXT", help="answer one prompt and exit ('-' reads stdin)")
     chat.add_argument("--prompt-file", metavar="FILE", help="read the one-shot prompt from FILE")
     chat.add_argument("--system", metavar="TEXT", help="system text placed before the first user turn")
+    chat.add_argument("--sessions", metavar="DIR", help="where saved conversations live (default ~/.ds4agent/sessions, or $DS4_SESSIONS)")
     mode = chat.add_mutually_exclusive_group()
     mode.add_argument("--think", dest="mode", action="store_const", const="thinking",
                       help="reason before answering (default)")
@@ -180,6 +181,25 @@ def _sampling(args: argparse.Namespace):
         raise UsageError(str(e)) from None
 
 
+def _interactive(args: argparse.Namespace, choice, sampling) -> int:
+    from .conversation import Conversation
+    from .engine import Engine
+    from .sessions import SessionStore
+    from .ui.chat import default_history_file, is_interactive, run_pipe, run_tty
+
+    engine = Engine.open(choice.path, backend=args.backend, ctx=args.ctx)
+    mode = args.mode
+    if mode == "max" and args.ctx < 393216:
+        print(f"ds4: warning: --think-max needs --ctx >= 393216; ctx={args.ctx} uses normal thinking instead",
+              file=sys.stderr)
+    conv = Conversation(engine, mode=mode, system=args.system, sampling=sampling, max_tokens=args.tokens)
+    store = SessionStore(args.sessions) if args.sessions else SessionStore()
+    if is_interactive(sys.stdin, sys.stdout):
+        banner = f"ds4agent {__version__} | {engine.info.name} | context {args.ctx} tokens | {engine.info.backend}"
+        return run_tty(conv, store, default_history_file(), banner=banner)
+    return run_pipe(conv, store, sys.stdin, sys.stdout)
+
+
 def cmd_chat(args: argparse.Namespace) -> int:
     from .modelpath import DEMO_BANNER, resolve_model
 
@@ -200,9 +220,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
         dump_tokens(Tokenizer.from_gguf(choice.path), prompt, sys.stdout)
         return 0
     if prompt is None:
-        print(f"model: {choice.path}", file=sys.stderr)
-        print("ds4: the interactive chat is not in this build yet; use ds4 -p TEXT for one prompt.", file=sys.stderr)
-        return 0
+        return _interactive(args, choice, sampling)
 
     from .engine import Engine
     from .oneshot import OneShot, dump_logprobs, effective_mode, run

@@ -487,3 +487,101 @@ def _parse(text: str, thinking_mode: str) -> dict:
             if k >= 0:
                 raise _ParseFailure("special_token_in_text", at + k, f"unexpected {tok} in the output text")
     return {"role": "assistant", "content": content, "reasoning_content": reasoning, "tool_calls": calls}
+
+
+# -- reading a rendered conversation back -----------------------------------------------------
+
+_RESULT = re.compile(r"<tool_result>(.*?)</tool_result>", re.DOTALL)
+
+
+def _system_message(text: str) -> dict:
+    """System text, splitting off a tools block (and response format) we rendered."""
+    msg: dict = {"role": "system", "content": text}
+    head = "\n\n" + TOOLS_HEAD
+    k = text.find(head)
+    if k < 0 and text.startswith(TOOLS_HEAD):
+        k, head = 0, TOOLS_HEAD
+    if k >= 0:
+        end = text.find(TOOLS_TAIL, k)
+        if end >= 0:
+            lines = text[k + len(head) : end].split("\n")
+            try:
+                msg["tools"] = [{"type": "function", "function": json.loads(line)} for line in lines if line]
+                msg["content"] = text[:k]
+            except ValueError:
+                pass
+    return msg
+
+
+def conversation_from_text(text: str) -> tuple[list[dict], str, str | None]:
+    """Messages, thinking mode and reasoning effort of a conversation rendered with
+    drop_thinking=False (as transcripts are): the inverse of rendering, used to resume a saved
+    session from its text. Tool calls get ids call_0, call_1, ... and results are matched to
+    them by order (the order render puts them in)."""
+    pos, effort, mode = 0, None, "chat"
+    if text.startswith(BOS):
+        pos = len(BOS)
+    if text.startswith(THINK_MAX, pos):
+        effort, mode = "max", "thinking"
+        pos += len(THINK_MAX)
+    messages: list[dict] = []
+    call_ids: list[str] = []
+    n_calls = 0
+    while pos < len(text):
+        k = text.find(USER, pos)
+        if k != pos:  # system text (at the start, or after an assistant turn)
+            end = len(text) if k < 0 else k
+            messages.append(_system_message(text[pos:end]))
+            pos = end
+            continue
+        pos += len(USER)
+        end = text.find(ASSISTANT, pos)
+        end = len(text) if end < 0 else end
+        nxt = text.find(USER, pos)
+        if 0 <= nxt < end:
+            end = nxt  # a user turn directly followed by another (e.g. a developer message)
+        body = text[pos:end]
+        pos = end
+        results = list(_RESULT.finditer(body))
+        if results:
+            for j, m in enumerate(results):
+                ident = call_ids[j] if j < len(call_ids) else ""
+                messages.append({"role": "tool", "tool_call_id": ident, "content": m.group(1)})
+            rest = _RESULT.sub("", body).strip("\n")
+            if rest:
+                messages.append({"role": "user", "content": rest})
+        else:
+            messages.append({"role": "user", "content": body})
+        if not text.startswith(ASSISTANT, pos):
+            continue
+        pos += len(ASSISTANT)
+        turn_mode = "thinking" if text.startswith(THINK_OPEN, pos) else "chat"
+        mode = turn_mode
+        pos += len(THINK_OPEN) if turn_mode == "thinking" else len(THINK_CLOSE) if text.startswith(THINK_CLOSE, pos) else 0
+        eos = text.find(EOS, pos)
+        if eos < 0:
+            break  # an open assistant turn: the conversation ends here
+        completion = text[pos : eos + len(EOS)]
+        parsed = parse(completion, turn_mode)
+        pos = eos + len(EOS)
+        if "error" in parsed:
+            body = completion[: -len(EOS)]
+            reasoning, sep, content = body.partition(THINK_CLOSE)
+            parsed = {"content": content if sep else body, "reasoning_content": reasoning if sep else "", "tool_calls": []}
+        msg = {"role": "assistant", "content": parsed["content"]}
+        if turn_mode == "thinking":
+            msg["reasoning_content"] = parsed["reasoning_content"]
+        if parsed["tool_calls"]:
+            call_ids = []
+            calls = []
+            for c in parsed["tool_calls"]:
+                call_ids.append(f"call_{n_calls}")
+                calls.append({"id": f"call_{n_calls}", "type": "function", "function": c["function"]})
+                n_calls += 1
+            msg["tool_calls"] = calls
+            start = completion.find(TOOL_CALLS_OPEN)
+            close = completion.rfind(TOOL_CALLS_CLOSE)
+            if start >= 0 and close >= 0:
+                msg["dsml"] = completion[start : close + len(TOOL_CALLS_CLOSE)]
+        messages.append(msg)
+    return messages, mode, effort

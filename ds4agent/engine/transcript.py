@@ -56,7 +56,9 @@ class Transcript:
         text = self._render_new([message])
         self.messages.append(message)
         self.text += text
-        if self.tok.decode_bytes(sampled) == text.encode("utf-8"):
+        # Compare as decoded text: an answer cut in the middle of a character (or a model
+        # emitting invalid UTF-8) renders U+FFFD there, while the ids keep the real bytes.
+        if self.tok.decode(sampled) == text:
             self.tokens.extend(int(t) for t in sampled)
             return True
         self.tokens.extend(self.tok.encode_rendered(text))

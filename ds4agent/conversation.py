@@ -1,0 +1,221 @@
+"""A conversation with the model: transcript + KV session + streaming parse, no terminal code.
+
+The chat front end (and later the agent) drives it: ``turn(text)`` yields events while the
+answer streams. Each turn prefills only its own suffix (the transcript is append-only). An
+interrupt (KeyboardInterrupt raised anywhere while a turn runs) is settled by ``interrupted()``:
+before the first token the user turn is rolled back; after it, the partial answer stays and is
+closed with an end of sentence, exactly as if the model had stopped there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator
+
+from .engine import Engine, SamplingParams, StreamParser, Transcript
+from .engine.template import THINK_MAX_MIN_CTX, conversation_from_text
+
+
+@dataclass
+class TurnEvent:
+    kind: str  # prefill | reasoning | content | call | done
+    text: str = ""
+    done: int = 0
+    total: int = 0
+
+
+@dataclass
+class Stats:
+    prefill_tokens: int = 0
+    prefill_tps: float = 0.0
+    gen_tokens: int = 0
+    gen_tps: float = 0.0
+    turns: int = 0
+    total_generated: int = 0
+
+
+@dataclass
+class _Turn:
+    start_tokens: int  # transcript length before the user message
+    start_messages: int
+    sampled: list[int] = field(default_factory=list)
+    parser: StreamParser | None = None
+    finished: bool = False
+
+
+class Conversation:
+    def __init__(self, engine: Engine, mode: str = "thinking", system: str | None = None,
+                 sampling: SamplingParams = SamplingParams(), max_tokens: int = 50000) -> None:
+        self.engine = engine
+        self.tok = engine.tokenizer
+        self.session = engine.session()
+        self.system = system
+        self.sampling = sampling
+        self.max_tokens = max_tokens
+        self.mode = mode  # "chat" | "thinking" | "max"
+        self.stats = Stats()
+        self.dirty = False  # changed since the last save or load
+        self._turn: _Turn | None = None
+        self._new_transcript()
+
+    # -- state ------------------------------------------------------------------------------
+    @property
+    def ctx(self) -> int:
+        return self.session.ctx
+
+    def _render_mode(self) -> tuple[str, str | None]:
+        if self.mode == "max" and self.ctx >= THINK_MAX_MIN_CTX:
+            return "thinking", "max"
+        return ("chat", None) if self.mode == "chat" else ("thinking", None)
+
+    def _new_transcript(self) -> None:
+        mode, effort = self._render_mode()
+        self.transcript = Transcript(self.tok, mode, effort)
+
+    @property
+    def messages(self) -> list[dict]:
+        return self.transcript.messages
+
+    def set_mode(self, mode: str) -> None:
+        """Thinking mode for the following turns. Think Max changes the very start of the
+        prompt, so toggling it re-renders the conversation (the next turn prefills it all)."""
+        old_effort = self._render_mode()[1]
+        self.mode = mode
+        render_mode, effort = self._render_mode()
+        self.transcript.thinking_mode = render_mode
+        if effort != old_effort and self.transcript.messages:
+            self.transcript.rerender(render_mode, effort)
+        self.transcript.reasoning_effort = effort
+
+    def reset(self, system: str | None = None) -> None:
+        self.system = system
+        self.session.reset()
+        self._new_transcript()
+        self.dirty = False
+
+    def set_context(self, ctx: int) -> None:
+        """New context size: the KV is dropped, the transcript kept (the next turn re-prefills)."""
+        self.session = self.engine.session()
+        self.session.ctx = ctx
+
+    # -- a turn -----------------------------------------------------------------------------
+    def turn(self, text: str) -> Iterator[TurnEvent]:
+        t = self.transcript
+        self._turn = turn = _Turn(len(t.tokens), len(t.messages))
+        new = []
+        if not t.messages and self.system:
+            new.append({"role": "system", "content": self.system})
+        new.append({"role": "user", "content": text})
+        t.append(*new)
+        self.dirty = True
+        if len(t.tokens) + 1 >= self.ctx:
+            self._rollback()
+            raise ContextError(f"the conversation ({len(t.tokens)} tokens) does not fit the context of {self.ctx}; "
+                               "use /new or /ctx N")
+        progress: list[tuple[int, int]] = []
+        before = len(self.session.tokens)
+        self.session.sync(t.tokens, progress=lambda d, n: progress.append((d, n)))
+        for d, n in progress:
+            yield TurnEvent("prefill", done=d, total=n)
+        if len(self.session.tokens) != before or progress:
+            st = self.session.last_prefill
+            self.stats.prefill_tokens, self.stats.prefill_tps = st.tokens, st.tps
+        render_mode, _ = self._render_mode()
+        turn.parser = StreamParser(render_mode)
+        gen_time = 0.0
+        for step in self.session.generate(self.sampling, max_tokens=self.max_tokens):
+            gen_time += step.seconds
+            turn.sampled.append(step.token)
+            for ev in turn.parser.feed(self.tok.token_bytes(step.token)):
+                if ev.kind in ("reasoning", "content"):
+                    yield TurnEvent(ev.kind, ev.text)
+                elif ev.kind == "call":
+                    yield TurnEvent("call", f"{ev.name} {ev.arguments}")
+        self.stats.gen_tokens = len(turn.sampled)
+        self.stats.gen_tps = len(turn.sampled) / gen_time if gen_time > 0 else 0.0
+        self._close_turn()
+        yield TurnEvent("done")
+
+    def _close_turn(self) -> None:
+        turn = self._turn
+        if turn is None or turn.finished:
+            return
+        turn.finished = True
+        tail = turn.parser.finish() if turn.parser else []
+        result = next((e.result for e in tail if e.kind == "result"), None)
+        sampled = list(turn.sampled)
+        eos, think_close = self.tok.eos_id, self.tok.special["think_close"]
+        if result and "error" not in result:
+            message = {"role": "assistant", "content": result["content"], "tool_calls": result["tool_calls"]}
+            if self._render_mode()[0] == "thinking":
+                message["reasoning_content"] = result["reasoning_content"]
+            if turn.parser.tool_blocks:
+                message["dsml"] = turn.parser.tool_blocks[0]  # replayed byte for byte
+            if not sampled or sampled[-1] != eos:
+                sampled.append(eos)  # a tool block may end the turn without EOS
+        else:
+            # Stopped early (interrupt, length limit) or unparseable: keep what was said and
+            # close the turn the way the model would have.
+            in_reasoning = turn.parser is not None and turn.parser.phase == "reasoning"
+            if sampled and sampled[-1] == eos:
+                sampled = sampled[:-1]
+            reasoning, content = _split_partial(self.tok.decode(sampled), in_reasoning)
+            message = {"role": "assistant", "content": content}
+            if self._render_mode()[0] == "thinking":
+                message["reasoning_content"] = reasoning
+            sampled += ([think_close] if in_reasoning else []) + [eos]
+        self.transcript.append_sampled(message, sampled)
+        self.stats.turns += 1
+        self.stats.total_generated += len(turn.sampled)
+
+    def interrupted(self) -> str:
+        """Settle a turn cut short by Ctrl+C; returns "rolled back" or "kept"."""
+        turn = self._turn
+        if turn is None or turn.finished:
+            return "kept"
+        if not turn.sampled:
+            self._rollback()
+            return "rolled back"
+        self._close_turn()
+        return "kept"
+
+    def _rollback(self) -> None:
+        turn = self._turn
+        if turn is None:
+            return
+        turn.finished = True
+        t = self.transcript
+        del t.messages[turn.start_messages :]
+        del t.tokens[turn.start_tokens :]
+        t.text = self.tok.decode(t.tokens) if t.tokens else ""
+        # The KV may hold the rolled-back prompt: the next sync sees a non-extension and resets.
+
+    # -- sessions ---------------------------------------------------------------------------
+    def sync_for_save(self) -> None:
+        """Bring the KV to exactly the transcript (the last sampled token and EOS are not
+        evaluated yet after a turn) so the saved file names the whole conversation."""
+        if self.transcript.tokens:
+            self.session.sync(self.transcript.tokens)
+
+    def adopt_session(self) -> None:
+        """After a session was loaded into ``self.session``: rebuild the transcript from its text."""
+        text = self.tok.decode(self.session.tokens)
+        messages, mode, effort = conversation_from_text(text)
+        self.transcript = Transcript(self.tok, mode, effort)
+        self.transcript.messages = messages
+        self.transcript.tokens = list(self.session.tokens)
+        self.transcript.text = text
+        self.mode = "max" if effort == "max" else mode
+        self.system = next((m["content"] for m in messages if m["role"] == "system"), None)
+        self.dirty = False
+
+
+class ContextError(ValueError):
+    pass
+
+
+def _split_partial(text: str, in_reasoning: bool) -> tuple[str, str]:
+    if in_reasoning:
+        return text, ""
+    reasoning, sep, content = text.partition("</think>")
+    return (reasoning, content) if sep else ("", text)
