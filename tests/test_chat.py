@@ -187,3 +187,41 @@ def test_pipe_mode_via_cli(demo_path, tmp_path) -> None:
                        input="Hello\nAgain\n", capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr
     assert len([ln for ln in r.stdout.splitlines() if ln.strip()]) >= 2 and "\x1b[" not in r.stdout
+
+
+def test_terminal_session_commands_through_prompt_toolkit(engine, tmp_path, monkeypatch) -> None:
+    """Three turns, /save, /new, /switch (zero prefill), /ctx, /read and an unknown command,
+    all typed into the prompt_toolkit app."""
+    from prompt_toolkit.input import create_pipe_input
+    from prompt_toolkit.output import DummyOutput
+
+    conv = _conv(engine, "chat", n=5)
+    store = SessionStore(tmp_path / "s")
+    note = tmp_path / "n.txt"
+    note.write_text("From a file.", encoding="utf-8")
+    out = io.StringIO()
+    with create_pipe_input() as inp:
+        for line in ("Turn one", "Turn two", "/save", "/new", "Other", f"/read {note}", "/frob", "/ctx 1500", "/quit"):
+            inp.send_text(line + "\r")
+        inp.send_text("n\r")
+        run_tty(conv, store, None, input=inp, output=DummyOutput(), stdout=out)
+    text = out.getvalue()
+    assert "saved " in text and "new conversation" in text and "unknown command: /frob" in text
+    assert "context is now 1500 tokens" in text and conv.ctx == 1500
+    assert [m["content"] for m in conv.messages if m["role"] == "user"] == ["Other", "From a file."]
+    first = store.list()[0]
+    assert first.title == "Turn one"
+
+    calls = []
+    real = engine._model.forward
+    monkeypatch.setattr(engine._model, "forward", lambda *a, **k: calls.append(1) or real(*a, **k))
+    conv2 = _conv(engine, "chat", n=5)
+    out2 = io.StringIO()
+    with create_pipe_input() as inp:
+        inp.send_text(f"/switch {first.sha[:8]}\r")
+        inp.send_text("/quit\r")
+        run_tty(conv2, store, None, input=inp, output=DummyOutput(), stdout=out2)
+    assert calls == []
+    assert "resumed" in out2.getvalue() and "you> Turn two" in out2.getvalue()
+    assert [m["content"] for m in conv2.messages if m["role"] == "user"] == ["Turn one", "Turn two"]
+    _consistent(conv2)
