@@ -142,13 +142,18 @@ def test_model_choice_order(demo_path: Path, tmp_path: Path, capsys, monkeypatch
     assert "missing.gguf: no such model file (from DS4_MODEL)" in capsys.readouterr().err
 
 
-def test_plain_ds4_uses_demo_model(capsys) -> None:
+def test_plain_ds4_uses_demo_model(capsys, monkeypatch) -> None:
     """With nothing configured, `ds4` builds (once) and uses the demo model, and says so."""
+    import io
+
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))  # not a terminal, no prompts: the chat ends at once
     path = default_demo_path()
     assert main([]) == 0
     err = capsys.readouterr().err
     assert "demo model" in err and "tiny" in err and "-m" in err
     assert path.exists()
     mtime = path.stat().st_mtime_ns
+    monkeypatch.setattr("sys.stdin", io.StringIO("/stats\n"))
     assert main(["-m", str(path)]) == 0
+    assert "context" in capsys.readouterr().out
     assert path.stat().st_mtime_ns == mtime  # cached, not rebuilt
