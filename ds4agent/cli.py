@@ -188,11 +188,10 @@ def _interactive(args: argparse.Namespace, choice, sampling) -> int:
     from .ui.chat import default_history_file, is_interactive, run_pipe, run_tty
 
     engine = Engine.open(choice.path, backend=args.backend, ctx=args.ctx)
-    mode = args.mode
-    if mode == "max" and args.ctx < 393216:
-        print(f"ds4: warning: --think-max needs --ctx >= 393216; ctx={args.ctx} uses normal thinking instead",
-              file=sys.stderr)
-    conv = Conversation(engine, mode=mode, system=args.system, sampling=sampling, max_tokens=args.tokens)
+    from .oneshot import effective_mode
+
+    effective_mode(args.mode, args.ctx, sys.stderr)  # warns; the chat keeps "max" for a later /ctx
+    conv = Conversation(engine, mode=args.mode, system=args.system, sampling=sampling, max_tokens=args.tokens)
     store = SessionStore(args.sessions) if args.sessions else SessionStore()
     if is_interactive(sys.stdin, sys.stdout):
         banner = f"ds4agent {__version__} | {engine.info.name} | context {args.ctx} tokens | {engine.info.backend}"
