@@ -9,6 +9,7 @@ closed with an end of sentence, exactly as if the model had stopped there.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -112,14 +113,7 @@ class Conversation:
             self._rollback()
             raise ContextError(f"the conversation ({len(t.tokens)} tokens) does not fit the context of {self.ctx}; "
                                "use /new or /ctx N")
-        progress: list[tuple[int, int]] = []
-        before = len(self.session.tokens)
-        self.session.sync(t.tokens, progress=lambda d, n: progress.append((d, n)))
-        for d, n in progress:
-            yield TurnEvent("prefill", done=d, total=n)
-        if len(self.session.tokens) != before or progress:
-            st = self.session.last_prefill
-            self.stats.prefill_tokens, self.stats.prefill_tps = st.tokens, st.tps
+        yield from self._prefill(t.tokens)
         render_mode, _ = self._render_mode()
         turn.parser = StreamParser(render_mode)
         gen_time = 0.0
@@ -135,6 +129,23 @@ class Conversation:
         self.stats.gen_tps = len(turn.sampled) / gen_time if gen_time > 0 else 0.0
         self._close_turn()
         yield TurnEvent("done")
+
+    def _prefill(self, ids: list[int]) -> Iterator[TurnEvent]:
+        """Prefill what the KV lacks, chunk by chunk, yielding progress between chunks (each
+        chunk extends the live tokens, so nothing is evaluated twice)."""
+        live = self.session.tokens
+        start = len(live) if ids[: len(live)] == live else 0
+        total = len(ids) - start
+        if total <= 0:
+            self.stats.prefill_tokens = 0
+            return
+        chunk = self.session.prefill_chunk
+        t0 = time.perf_counter()
+        for end in range(start + chunk, len(ids) + chunk, chunk):
+            self.session.sync(ids[: min(end, len(ids))])
+            yield TurnEvent("prefill", done=min(end, len(ids)) - start, total=total)
+        seconds = time.perf_counter() - t0
+        self.stats.prefill_tokens, self.stats.prefill_tps = total, total / seconds if seconds > 0 else 0.0
 
     def _close_turn(self) -> None:
         turn = self._turn

@@ -60,10 +60,10 @@ def test_each_turn_prefills_only_its_suffix(engine) -> None:
     for text in ("one", "two", "three"):
         before = len(conv.transcript.tokens)
         list(conv.turn(text))
-        sizes.append(conv.session.last_prefill.tokens)
+        sizes.append(conv.stats.prefill_tokens)
         added_user = len(conv.tok.encode_rendered(f"<｜User｜>{text}<｜Assistant｜></think>"))
         # The new user turn plus the previous answer's unevaluated tail (last token + EOS).
-        assert conv.session.last_prefill.tokens <= added_user + 2 + (0 if before else 1)
+        assert conv.stats.prefill_tokens <= added_user + 2 + (0 if before else 1)
     _consistent(conv)
 
 
@@ -85,7 +85,7 @@ def test_save_new_switch_restores_with_zero_prefill(engine, tmp_path, monkeypatc
     assert conv.transcript.text != text_before and "resumed" in err.getvalue()
     _consistent(conv)
     list(conv.turn("And a third"))  # the resumed conversation continues, prefilling only the new turn
-    assert 0 < conv.session.last_prefill.tokens < 20
+    assert 0 < conv.stats.prefill_tokens < 20
     _consistent(conv)
 
 
