@@ -292,16 +292,16 @@ class Renderer:
 
     def finish(self, note: str | None = None) -> None:
         self._end_progress()
-        if self.in_reasoning and self.out.tty:
-            self.out.write(RESET)
+        if self.in_reasoning:
+            self.out.write((RESET if self.out.tty else "") + "\n")  # ended while still reasoning
         if self.md:
             self.md.finish()
-        elif self.started_answer or self.in_reasoning:
+        elif self.started_answer:
             self.out.write("\n")
         if note:
             self.out.note(note)
         if self.out.tty:
-            self.out.write("\n")
+            self.out.write("\n")  # a blank line before the next prompt
 
 
 def run_turn(conv: Conversation, text: str, out: Out, show_thinking: bool,
