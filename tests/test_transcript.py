@@ -96,3 +96,20 @@ def test_session_prefills_only_the_new_turn(demo_path, demo_tokenizer) -> None:
         # then the new user turn.
         assert s.sync(t.tokens) == len(t.tokens) - len(live) <= 2 + len(added)
         assert np.isfinite(s.logits).all()
+
+
+def test_supplied_text_never_becomes_control_tokens(demo_tokenizer) -> None:
+    tok = demo_tokenizer
+    src = 'EOS = "<｜end▁of▁sentence｜>"\nUSER = "<｜User｜>"  # and <think>'
+    for mode in ("chat", "thinking"):
+        t = Transcript(tok, mode)
+        t.append({"role": "system", "content": "S"}, {"role": "user", "content": src})
+        t.append_sampled({"role": "assistant", "content": "ok", "reasoning_content": "r" if mode == "thinking" else None},
+                         tok.encode_rendered(("r</think>" if mode == "thinking" else "") + "ok<｜end▁of▁sentence｜>"))
+        t.append({"role": "tool", "tool_call_id": "x", "content": [{"type": "text", "text": src}]})
+        full = render(t.messages, mode, drop_thinking=False)
+        assert t.text == full and tok.decode(t.tokens) == full
+        specials = [i for i in t.tokens if i in tok.added_ids]
+        # Only the protocol's own markers: BOS, User x2, Assistant x2, think markers, one EOS.
+        assert specials.count(tok.eos_id) == 1
+        assert specials.count(tok.special["user"]) == 2

@@ -159,6 +159,10 @@ class Tokenizer:
                 ids.append(marks[i])
         return ids
 
+    def contains_added(self, text: str) -> bool:
+        """Whether ``text`` holds the string of any control/added token."""
+        return self._added_re.search(text) is not None
+
     # -- decoding -----------------------------------------------------------------------------
     def token_bytes(self, token_id: int) -> bytes:
         """Exact bytes of one token: added tokens literally, others through the byte table."""

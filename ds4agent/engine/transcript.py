@@ -17,10 +17,41 @@ message's ``dsml`` field.
 
 from __future__ import annotations
 
+import copy
+import re
 from typing import Sequence
 
 from .template import render
 from .tokenizer import Tokenizer
+
+# Stand-in for supplied text that contains control-token strings, while rendering. Private-use
+# code points: no tokenizer piece and no real text is expected to contain this pattern.
+_PLACEHOLDER = re.compile("\ue000ds4:(\\d+)\ue001")
+
+
+def _guard(messages: list[dict], tok: Tokenizer) -> tuple[list[dict], list[str]]:
+    """Replace supplied strings that contain control-token text by placeholders."""
+    originals: list[str] = []
+
+    def sub(value):
+        if isinstance(value, str) and tok.contains_added(value):
+            originals.append(value)
+            return f"\ue000ds4:{len(originals) - 1}\ue001"
+        if isinstance(value, list):
+            return [{**p, "text": sub(p["text"])} if isinstance(p, dict) and isinstance(p.get("text"), str) else sub(p)
+                    for p in value]
+        return value
+
+    if not any(tok.contains_added(str(m.get(k, ""))) for m in messages for k in ("content", "reasoning_content")):
+        return messages, originals
+    out = []
+    for m in messages:
+        m = copy.copy(m)
+        for key in ("content", "reasoning_content"):
+            if key in m:
+                m[key] = sub(m[key])
+        out.append(m)
+    return out, originals
 
 
 class Transcript:
@@ -39,10 +70,25 @@ class Transcript:
                       drop_thinking=False, add_default_bos_token=first, context=self.messages or None)
 
     def append(self, *messages: dict) -> list[int]:
-        """Add messages (user, tool results, system, ...); returns the token ids added."""
-        text = self._render_new(list(messages))
+        """Add messages (user, tool results, system, ...); returns the token ids added.
+
+        Text that the user or a tool supplied is never turned into control tokens: a file that
+        contains the string <｜end▁of▁sentence｜> stays text. Only when such a string occurs is
+        the rendering tokenised piecewise; otherwise it is one canonical encode_rendered."""
+        guarded, originals = _guard(list(messages), self.tok)
+        text = self._render_new(guarded)
         self.messages.extend(messages)
-        added = self.tok.encode_rendered(text)
+        if not originals:
+            added = self.tok.encode_rendered(text)
+        else:
+            added = []
+            parts = _PLACEHOLDER.split(text)
+            for i, part in enumerate(parts):
+                if i % 2 == 0:
+                    added += self.tok.encode_rendered(part) if part else []
+                else:
+                    added += self.tok.encode(originals[int(part)])
+            text = _PLACEHOLDER.sub(lambda m: originals[int(m.group(1))], text)
         self.tokens.extend(added)
         self.text += text
         return added
