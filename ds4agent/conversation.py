@@ -46,8 +46,10 @@ class _Turn:
 
 class Conversation:
     def __init__(self, engine: Engine, mode: str = "thinking", system: str | None = None,
-                 sampling: SamplingParams = SamplingParams(), max_tokens: int = 50000) -> None:
+                 sampling: SamplingParams = SamplingParams(), max_tokens: int = 50000,
+                 tools: list[dict] | None = None) -> None:
         self.engine = engine
+        self.tools = tools  # tool schemas announced in the system message
         self.tok = engine.tokenizer
         self.session = engine.session()
         self.system = system
@@ -101,12 +103,16 @@ class Conversation:
 
     # -- a turn -----------------------------------------------------------------------------
     def turn(self, text: str) -> Iterator[TurnEvent]:
+        """A user message and the model's answer."""
+        return self.turn_with({"role": "user", "content": text})
+
+    def turn_with(self, *messages: dict) -> Iterator[TurnEvent]:
+        """Append ``messages`` (a user message, or tool results) and generate the answer."""
         t = self.transcript
         self._turn = turn = _Turn(len(t.tokens), len(t.messages))
-        new = []
+        new = list(messages)
         if not t.messages and self.system:
-            new.append({"role": "system", "content": self.system})
-        new.append({"role": "user", "content": text})
+            new.insert(0, {"role": "system", "content": self.system, **({"tools": self.tools} if self.tools else {})})
         t.append(*new)
         self.dirty = True
         if len(t.tokens) + 1 >= self.ctx:
@@ -123,8 +129,12 @@ class Conversation:
             for ev in turn.parser.feed(self.tok.token_bytes(step.token)):
                 if ev.kind in ("reasoning", "content"):
                     yield TurnEvent(ev.kind, ev.text)
+                elif ev.kind == "call_start":
+                    yield TurnEvent("call_start", ev.name)
                 elif ev.kind == "call":
                     yield TurnEvent("call", f"{ev.name} {ev.arguments}")
+                elif ev.kind == "error":
+                    yield TurnEvent("dsml_error", ev.text)
         self.stats.gen_tokens = len(turn.sampled)
         self.stats.gen_tps = len(turn.sampled) / gen_time if gen_time > 0 else 0.0
         self._close_turn()
@@ -217,7 +227,9 @@ class Conversation:
         self.transcript.tokens = list(self.session.tokens)
         self.transcript.text = text
         self.mode = "max" if effort == "max" else mode
-        self.system = next((m["content"] for m in messages if m["role"] == "system"), None)
+        system = next((m for m in messages if m["role"] == "system"), None)
+        self.system = system["content"] if system else None
+        self.tools = system.get("tools") if system else None
         self.dirty = False
 
 

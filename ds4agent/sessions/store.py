@@ -172,7 +172,8 @@ class SessionStore:
                 h, other = read_header(p)
             except KVFileError:
                 continue
-            if len(other) < len(text) and text.startswith(other):
+            # The agent's cached system prompt is a prefix of every agent session: keep it.
+            if len(other) < len(text) and text.startswith(other) and h.reason != REASONS["agent-system"]:
                 p.unlink(missing_ok=True)
 
     # -- read side --------------------------------------------------------------------------

@@ -5,7 +5,7 @@ from __future__ import annotations
 from .base import Tool, ToolError, ToolResult, Workspace
 from .files import TOOLS as _FILES
 from .outline import TOOLS as _OUTLINE
-from .policy import MODES, Policy, Request, run_tool
+from .policy import MODES, Approver, Policy, Request, run_tool
 from .search import TOOLS as _SEARCH
 from .shell import TOOLS as _SHELL
 
@@ -14,4 +14,4 @@ def all_tools() -> dict[str, Tool]:
     return {t.name: t for t in (*_FILES, *_SEARCH, *_SHELL, *_OUTLINE)}
 
 
-__all__ = ["MODES", "Policy", "Request", "Tool", "ToolError", "ToolResult", "Workspace", "all_tools", "run_tool"]
+__all__ = ["MODES", "Approver", "Policy", "Request", "Tool", "ToolError", "ToolResult", "Workspace", "all_tools", "run_tool"]

@@ -1,0 +1,219 @@
+"""The agent loop with a scripted engine: real template, streaming parser, transcript and KV;
+only the sampling is replaced by a script of completions."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ds4agent import agent as agent_mod
+from ds4agent.agent import Agent
+from ds4agent.engine import Engine
+from ds4agent.engine.session import Step
+from ds4agent.sessions import SessionStore
+from ds4agent.tools import Policy, Workspace
+
+EOS = "<｜end▁of▁sentence｜>"
+
+
+def call(name: str, **params) -> str:
+    body = "\n".join(f'<｜DSML｜parameter name="{k}" string="{"true" if isinstance(v, str) else "false"}">{v}</｜DSML｜parameter>'
+                     for k, v in params.items())
+    return f'\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="{name}">\n{body}\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>{EOS}'
+
+
+class Script:
+    """Replaces sampling with fixed completions, one per model turn."""
+
+    def __init__(self, agent: Agent, completions: list[str], interrupt_at: tuple[int, int] | None = None) -> None:
+        self.agent, self.completions, self.turn, self.interrupt_at = agent, list(completions), 0, interrupt_at
+        self._install()
+
+    def _install(self) -> None:
+        self.agent.conv.session.generate = self.generate
+
+    def generate(self, params, max_tokens=50000, stop_at_eos=True):
+        tok = self.agent.conv.tok
+        text = self.completions.pop(0)
+        ids = tok.encode_rendered(text)
+        turn, self.turn = self.turn, self.turn + 1
+        for i, t in enumerate(ids):
+            if self.interrupt_at == (turn, i):
+                raise KeyboardInterrupt
+            finish = "eos" if t == tok.eos_id else ("length" if i + 1 == len(ids) else None)
+            yield Step(t, i, 0.0, finish)
+            if finish:
+                return
+
+
+@pytest.fixture(scope="module")
+def engine(demo_path):
+    with Engine.open(demo_path, backend="cpu", ctx=8192) as e:
+        yield e
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("agent") / "repo"
+    (root / "src").mkdir(parents=True)
+    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+    (root / "AGENTS.md").write_text("Always run pytest.\n")
+    return root
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory) -> SessionStore:
+    """The system prompt's KV, prefilled once for the module (the workspace root is fixed)."""
+    return SessionStore(tmp_path_factory.mktemp("syscache"))
+
+
+@pytest.fixture()
+def ws(repo: Path) -> Workspace:
+    (repo / "src" / "app.py").write_text("def main():\n    return 1\n")
+    return Workspace(repo)
+
+
+def _consistent(agent: Agent) -> None:
+    conv = agent.conv
+    assert conv.tok.decode(conv.transcript.tokens) == conv.transcript.text
+    live = conv.session.tokens
+    assert conv.transcript.tokens[: len(live)] == live
+
+
+_CACHE: list[SessionStore] = []
+
+
+def _make(engine, ws, mode="yolo", approve=None) -> Agent:
+    a = Agent(engine, ws, Policy(mode), approve, max_tokens=400)
+    if _CACHE:
+        a.prime(_CACHE[0])
+    return a
+
+
+@pytest.fixture(autouse=True)
+def _use_cache(cache):
+    _CACHE[:] = [cache]
+    yield
+
+
+def test_tool_round_trip(engine, ws) -> None:
+    a = _make(engine, ws)
+    Script(a, ["Let me look.</think>" + call("read", path="src/app.py"),
+               "It returns 1.</think>`main` returns 1." + EOS])
+    events = list(a.run("What does main return?"))
+    kinds = [e.kind for e in events]
+    assert "tool" in kinds and kinds[-1] == "done"
+    tool = next(e for e in events if e.kind == "tool")
+    assert tool.text == "read src/app.py (whole file)" and tool.ok
+    text = a.conv.transcript.text
+    assert "<tool_result>1\tdef main():\n2\t    return 1\n[lines 1-2 of 2; end of file]</tool_result>" in text
+    assert "Always run pytest." in text  # AGENTS.md in the system prompt
+    assert a.conv.messages[-1]["content"] == "`main` returns 1."
+    _consistent(a)
+
+
+def test_malformed_dsml_is_reported_and_retried(engine, ws) -> None:
+    a = _make(engine, ws)
+    bad = ('oops</think>\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="read">\n'
+           '<｜DSML｜parameter name="path">src/app.py</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>' + EOS)
+    Script(a, [bad, "again</think>" + call("read", path="src/app.py"), "ok</think>Done." + EOS])
+    events = list(a.run("read it"))
+    kinds = [e.kind for e in events]
+    assert kinds.index("error") < kinds.index("tool") and kinds[-1] == "done"
+    assert "could not be parsed" in a.conv.transcript.text
+    _consistent(a)
+
+
+@pytest.mark.parametrize("mode,answer,expect", [
+    ("ask", "yes", "tool"), ("ask", "no", "refused"), ("auto-edit", None, "tool"), ("yolo", None, "tool"),
+])
+def test_edit_approvals_by_mode(engine, ws, mode, answer, expect) -> None:
+    asked = []
+
+    def approve(req):
+        asked.append(req)
+        return answer
+
+    a = _make(engine, ws, mode, approve if answer else None)
+    Script(a, ["edit</think>" + call("edit", path="src/app.py", old="return 1", new="return 2"), "ok</think>Done." + EOS])
+    events = list(a.run("make main return 2"))
+    assert any(e.kind == expect for e in events)
+    changed = "return 2" in (ws.root / "src" / "app.py").read_text()
+    assert changed == (expect == "tool")
+    assert bool(asked) == (mode == "ask")
+    if expect == "refused":
+        assert "the user declined" in a.conv.transcript.text
+
+
+def test_headless_refuses_shell_without_a_mode(engine, ws) -> None:
+    a = _make(engine, ws, "auto-edit", None)
+    Script(a, ["run</think>" + call("bash", command="echo hi"), "ok</think>Could not run it." + EOS])
+    events = list(a.run("run echo"))
+    assert any(e.kind == "refused" for e in events)
+    assert "no one can approve it in this mode" in a.conv.transcript.text
+
+
+def test_repeat_guard(engine, ws) -> None:
+    a = _make(engine, ws)
+    same = call("read", path="src/app.py")
+    Script(a, ["r</think>" + same, "r</think>" + same, "ok</think>Done." + EOS])
+    events = list(a.run("read twice"))
+    assert [e.kind for e in events].count("tool") == 1
+    assert any(e.kind == "refused" and "repeated" in e.text for e in events)
+    assert "do not repeat it" in a.conv.transcript.text
+
+
+def test_interrupt_keeps_transcript_consistent(engine, ws) -> None:
+    a = _make(engine, ws)
+    Script(a, ["I will read.</think>" + call("read", path="src/app.py")], interrupt_at=(0, 5))
+    with pytest.raises(KeyboardInterrupt):
+        list(a.run("read"))
+    assert a.conv.interrupted() == "kept"
+    _consistent(a)
+    Script(a, ["ok</think>Fine." + EOS])
+    assert [e.kind for e in a.run("continue")][-1] == "done"
+    _consistent(a)
+
+
+def test_compaction(engine, ws, monkeypatch) -> None:
+    monkeypatch.setattr(agent_mod, "COMPACT_AT", 0.0)  # compact before every step after the first message
+    a = _make(engine, ws)
+    # Step 1 calls a tool; before step 2 the conversation is compacted (the summary is a model
+    # turn of its own), then step 2 answers.
+    Script(a, ["look</think>" + call("read", path="src/app.py"),
+               "summarising</think>Read src/app.py: main returns 1." + EOS, "ok</think>Done." + EOS])
+    events = list(a.run("what does main return?"))
+    compactions = [e for e in events if e.kind == "compacted"]
+    assert compactions and "main returns 1" in compactions[-1].text
+    text = a.conv.transcript.text
+    assert "Summary of the work so far:" in text and text.count("<｜User｜>") <= 6
+    _consistent(a)
+
+
+def test_mentions_attach_files(engine, ws) -> None:
+    a = _make(engine, ws)
+    Script(a, ["ok</think>Seen." + EOS])
+    events = list(a.run("explain @src/app.py please"))
+    assert any(e.kind == "attached" and e.text == "src/app.py" for e in events)
+    assert "Content of src/app.py:\n```\ndef main():" in a.conv.transcript.text
+
+
+def test_system_prompt_kv_is_cached(engine, ws, tmp_path) -> None:
+    store = SessionStore(tmp_path / "sessions")
+    _CACHE.clear()
+    a = _make(engine, ws)
+    assert a.prime(store) > 1000  # the first time the system prompt is prefilled
+    b = _make(engine, ws)
+    assert b.prime(store) == 0  # then loaded from the store
+    assert np.array_equal(a.conv.session.logits, b.conv.session.logits)
+    Script(b, ["ok</think>Hi." + EOS])
+    list(b.run("hello"))
+    b.conv.sync_for_save()
+    store.save(b.conv.session, "agent-session")  # a longer session must not evict the system cache
+    assert len(store.list()) == 2
+    before = b.conv.session.tokens
+    b.new_conversation()  # back to the system prompt without prefill
+    assert len(b.conv.session.tokens) < len(before) and b.conv.session.tokens == b.conv.transcript.tokens
