@@ -64,6 +64,29 @@ def build_parser() -> argparse.ArgumentParser:
     diag.add_argument("--dump-logprobs", metavar="FILE", help="write greedy top log-probabilities as JSON")
     diag.add_argument("--logprobs-top-k", type=int, default=20, metavar="K", help="entries per step (1..128)")
 
+    ag = sub.add_parser("agent", help="coding agent working in the current repository")
+    ag.add_argument("-m", "--model", metavar="PATH", help="GGUF model file")
+    ag.add_argument("-p", "--prompt", metavar="TASK", help="run one task headless and exit ('-' reads stdin)")
+    ag.add_argument("--json", action="store_true", help="with -p: one JSON object per event on stdout")
+    ag.add_argument("--approval", choices=("ask", "auto-edit", "yolo"), default="ask",
+                    help="ask (default): edits and commands need a yes; auto-edit: edits run; yolo: all runs "
+                         "(dangerous commands always ask; headless, anything needing a yes is refused)")
+    ag.add_argument("--resume", nargs="?", const="", metavar="SHA", help="resume a saved session (a picker without SHA)")
+    ag.add_argument("--sessions", metavar="DIR", help="where saved sessions live")
+    amode = ag.add_mutually_exclusive_group()
+    amode.add_argument("--think", dest="mode", action="store_const", const="thinking", help="reason first (default)")
+    amode.add_argument("--nothink", dest="mode", action="store_const", const="chat", help="answer directly")
+    ag.set_defaults(mode="thinking")
+    agen = ag.add_argument_group("generation")
+    agen.add_argument("--temp", type=float, default=1.0, metavar="T")
+    agen.add_argument("--top-p", type=float, default=1.0, metavar="P")
+    agen.add_argument("--min-p", type=float, default=0.05, metavar="P")
+    agen.add_argument("--top-k", type=int, default=0, metavar="K")
+    agen.add_argument("--seed", type=int, default=None)
+    agen.add_argument("-n", "--tokens", type=int, default=16384, metavar="N", help="most tokens per model turn")
+    agen.add_argument("-c", "--ctx", type=int, default=65536, metavar="N", help="context size (default 65536)")
+    agen.add_argument("--backend", choices=("auto", "cpu", "metal", "cuda"), default="auto")
+
     ins = sub.add_parser("inspect", help="describe a model file without loading its weights")
     ins.add_argument("model", nargs="?", metavar="MODEL", help="GGUF file (default: the model ds4 would run)")
     ins.add_argument("--tensors", action="store_true", help="also list every tensor")
@@ -231,6 +254,49 @@ def cmd_chat(args: argparse.Namespace) -> int:
     return run(engine, job, sys.stdout, sys.stderr)
 
 
+def cmd_agent(args: argparse.Namespace) -> int:
+    from .agent import Agent
+    from .engine import Engine
+    from .modelpath import DEMO_BANNER, resolve_model
+    from .sessions import SessionStore
+    from .tools import Policy, Workspace
+    from .ui.agent_ui import pick_session, resume, run_agent_tty, run_headless
+    from .ui.chat import Out, default_history_file, is_interactive
+
+    task = sys.stdin.read() if args.prompt == "-" else args.prompt
+    if args.json and task is None:
+        raise UsageError("--json needs a task (-p)")
+    sampling = _sampling(args)
+    choice = resolve_model(args.model)
+    if choice.is_demo:
+        print(DEMO_BANNER, file=sys.stderr)
+    ws = Workspace.discover()
+    engine = Engine.open(choice.path, backend=args.backend, ctx=args.ctx)
+    store = SessionStore(args.sessions) if args.sessions else SessionStore()
+    agent = Agent(engine, ws, Policy(args.approval), None, sampling=sampling, max_tokens=args.tokens, mode=args.mode)
+    interactive = task is None and is_interactive(sys.stdin, sys.stdout)
+    err = Out(sys.stderr, tty=False)
+    agent.prime(store)
+    if args.resume is not None:
+        sha = args.resume
+        if not sha:
+            if not interactive:
+                raise UsageError("--resume without a session id needs a terminal (give the id: see 'ds4 agent --resume' "
+                                 "or /list)")
+            sha = pick_session(store, lambda q: input(q).strip(), Out(sys.stdout, tty=True))
+            if sha is None:
+                return 1
+        if not resume(agent, store, sha, err):
+            return 1
+    if task is not None:
+        return run_headless(agent, task, args.json, sys.stdout, sys.stderr)
+    if not interactive:
+        raise UsageError("ds4 agent needs a terminal, or a task with -p")
+    banner = (f"ds4agent {__version__} agent | {engine.info.name} | workspace {ws.root} | context {args.ctx} | "
+              f"approvals: {args.approval}")
+    return run_agent_tty(agent, store, default_history_file(), banner)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from .engine.config import ConfigError
     from .engine.engine import EngineError
@@ -245,7 +311,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
-        handler = {"chat": cmd_chat, "inspect": cmd_inspect, "demo": cmd_demo}[args.command]
+        handler = {"chat": cmd_chat, "agent": cmd_agent, "inspect": cmd_inspect, "demo": cmd_demo}[args.command]
         return handler(args)
     except (UsageError, GGUFError, ConfigError, ModelChoiceError, EngineError, ContextFullError) as e:
         print(f"ds4: error: {e}", file=sys.stderr)

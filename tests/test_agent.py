@@ -217,3 +217,67 @@ def test_system_prompt_kv_is_cached(engine, ws, tmp_path) -> None:
     before = b.conv.session.tokens
     b.new_conversation()  # back to the system prompt without prefill
     assert len(b.conv.session.tokens) < len(before) and b.conv.session.tokens == b.conv.transcript.tokens
+
+
+# -- end to end on the demo model (plumbing only: the demo's words are noise) ---------------------
+
+def _env(demo_path, tmp_path):
+    import os
+
+    return {**os.environ, "DS4_MODEL": str(demo_path), "DS4_HOME": str(tmp_path / "home"),
+            "DS4_SESSIONS": str(tmp_path / "sessions"), "TERM": "xterm-256color"}
+
+
+def test_headless_end_to_end(demo_path, repo, tmp_path) -> None:
+    import json
+    import sys
+
+    env = _env(demo_path, tmp_path)
+    base = [sys.executable, "-m", "ds4agent", "agent", "--ctx", "4096", "-n", "8", "--temp", "0"]
+    r = subprocess.run(base + ["-p", "hello", "--json"], cwd=repo, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    events = [json.loads(line) for line in r.stdout.splitlines()]
+    assert events[-1] == {"type": "done"} and any(e["type"] == "reasoning" for e in events)
+    r = subprocess.run(base + ["-p", "hello again", "--nothink"], cwd=repo, env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert "\x1b[" not in r.stdout
+    r = subprocess.run(base + ["--resume"], cwd=repo, env=env, capture_output=True, text=True, timeout=600, input="")
+    assert r.returncode == 2 and "needs a terminal" in r.stderr
+
+
+def test_interactive_end_to_end(demo_path, repo, tmp_path) -> None:
+    """Starts, answers, saves, starts anew, switches back, exits cleanly, in a real pty."""
+    import re
+    import sys
+
+    pexpect = pytest.importorskip("pexpect")
+    env = _env(demo_path, tmp_path)
+    child = pexpect.spawn(sys.executable, ["-m", "ds4agent", "agent", "--ctx", "4096", "-n", "6", "--temp", "0"],
+                          cwd=str(repo), env=env, encoding="utf-8", timeout=300, dimensions=(40, 140))
+    try:
+        child.expect("ds4 agent>")
+        assert "approvals: ask" in child.before
+        child.send("hello\r")
+        child.expect("ds4 agent>")
+        child.send("/save\r")
+        child.expect(r"saved ([0-9a-f]{12})")
+        sha = child.match.group(1)
+        child.expect("ds4 agent>")
+        child.send("/new\r")
+        child.expect("no prefill")
+        child.expect("ds4 agent>")
+        child.send(f"/switch {sha}\r")
+        child.expect("resumed")
+        child.expect("ds4 agent>")
+        child.send("/approval yolo\r")
+        child.expect("approval mode: yolo")
+        child.expect("ds4 agent>")
+        child.sendcontrol("d")
+        index = child.expect([re.escape("[Y/n]"), pexpect.EOF])
+        if index == 0:
+            child.send("n\r")
+            child.expect(pexpect.EOF)
+    finally:
+        child.close()
+    assert child.exitstatus == 0

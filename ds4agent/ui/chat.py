@@ -81,7 +81,9 @@ class Out:
 
 
 class ChatCommands:
-    """Slash commands; shared by the terminal and the pipe front ends."""
+    """Slash commands; shared by the terminal and the pipe front ends (and, extended, the agent)."""
+
+    commands = COMMANDS
 
     def __init__(self, conv: Conversation, store: SessionStore, out: Out, ask: Callable[[str], bool]) -> None:
         self.conv = conv
@@ -111,14 +113,14 @@ class ChatCommands:
     def run(self, line: str) -> None:
         cmd, _, arg = line.strip().partition(" ")
         arg = arg.strip()
-        handler = getattr(self, "cmd_" + cmd[1:].replace("-", "_"), None) if cmd in COMMANDS or cmd == "/exit" else None
+        handler = getattr(self, "cmd_" + cmd[1:].replace("-", "_"), None) if cmd in self.commands or cmd == "/exit" else None
         if handler is None:
             self.out.note(f"unknown command: {cmd}; type /help for commands", error=True)
             return
         handler(arg)
 
     def cmd_help(self, arg: str) -> None:
-        for name, text in COMMANDS.items():
+        for name, text in self.commands.items():
             self.out.line(f"  {name:<11} {text}")
         self.out.line("  " + KEYS_HELP)
 
@@ -359,9 +361,15 @@ def run_pipe(conv: Conversation, store: SessionStore, stdin: IO[str], stdout: IO
     return 1 if out.errors else 0
 
 
+Runner = Callable[[str, Out, dict, Callable[[str], str]], None]
+
+
 def run_tty(conv: Conversation, store: SessionStore, history_file: Path | None, *, input=None, output=None,
-            stdout: IO[str] | None = None, banner: str | None = None, on_step: Callable[[], None] | None = None) -> int:
-    """The interactive chat. ``input``/``output``/``stdout`` are injectable for tests."""
+            stdout: IO[str] | None = None, banner: str | None = None, on_step: Callable[[], None] | None = None,
+            make_commands: Callable[[Out, Callable[[str], bool]], ChatCommands] | None = None,
+            runner: Runner | None = None, prompt: str = "ds4> ") -> int:
+    """The interactive loop. ``input``/``output``/``stdout`` are injectable for tests; the agent
+    passes its own commands and turn runner."""
     from prompt_toolkit import PromptSession
     from prompt_toolkit.completion import Completer, Completion, PathCompleter
     from prompt_toolkit.document import Document
@@ -372,6 +380,7 @@ def run_tty(conv: Conversation, store: SessionStore, history_file: Path | None, 
     width = shutil.get_terminal_size((100, 24)).columns
     out = Out(stream, tty=True, width=width)
     state = {"show_thinking": True}
+    names: dict[str, str] = {}
 
     class Commands(Completer):
         paths = PathCompleter(expanduser=True)
@@ -381,9 +390,9 @@ def run_tty(conv: Conversation, store: SessionStore, history_file: Path | None, 
             if not text.startswith("/"):
                 return
             if " " not in text:
-                for name in COMMANDS:
+                for name, meta in names.items():
                     if name.startswith(text):
-                        yield Completion(name, start_position=-len(text), display_meta=COMMANDS[name])
+                        yield Completion(name, start_position=-len(text), display_meta=meta)
             elif text.startswith("/read "):
                 sub = Document(text[len("/read "):], len(text) - len("/read "))
                 yield from self.paths.get_completions(sub, complete_event)
@@ -402,12 +411,14 @@ def run_tty(conv: Conversation, store: SessionStore, history_file: Path | None, 
     def _toggle(event) -> None:
         state["show_thinking"] = not state["show_thinking"]
 
-    def ask(question: str) -> bool:
+    def ask_text(question: str) -> str:
         try:
-            answer = session.prompt(question, bottom_toolbar=None, multiline=False, key_bindings=None)
+            return session.prompt(question, bottom_toolbar=None, multiline=False, key_bindings=None).strip().lower()
         except (EOFError, KeyboardInterrupt):
-            return False
-        return answer.strip().lower() in ("", "y", "yes")
+            return "n"
+
+    def ask(question: str) -> bool:
+        return ask_text(question) in ("", "y", "yes")
 
     history = InMemoryHistory()
     if history_file is not None:
@@ -420,13 +431,17 @@ def run_tty(conv: Conversation, store: SessionStore, history_file: Path | None, 
                             complete_while_typing=True, enable_history_search=False, input=input, output=output,
                             bottom_toolbar=lambda: status_text(conv) + ("" if state["show_thinking"] else "| reasoning hidden "),
                             prompt_continuation=lambda width, line, soft: "." * (width - 1) + " ")
-    cmds = ChatCommands(conv, store, out, ask)
+    cmds = make_commands(out, ask) if make_commands else ChatCommands(conv, store, out, ask)
+    names.update(cmds.commands)
+    if runner is None:
+        def runner(text: str, out: Out, state: dict, ask_text: Callable[[str], str]) -> None:
+            run_turn(conv, text, out, state["show_thinking"], on_step)
     if banner:
         out.line(banner, GREY)
     out.line("Type /help for commands. " + KEYS_HELP, GREY)
     while not cmds.quit:
         try:
-            text = session.prompt("ds4> ")
+            text = session.prompt(prompt)
         except KeyboardInterrupt:
             continue  # Ctrl+C at the prompt clears the line, never exits
         except EOFError:
@@ -438,7 +453,7 @@ def run_tty(conv: Conversation, store: SessionStore, history_file: Path | None, 
             if cmds.pending_read is None:
                 continue
             text, cmds.pending_read = cmds.pending_read, None
-        run_turn(conv, text, out, state["show_thinking"], on_step)
+        runner(text, out, state, ask_text)
     cmds.offer_save()
     return 0
 

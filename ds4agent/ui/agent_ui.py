@@ -1,0 +1,173 @@
+"""`ds4 agent` front ends: the interactive terminal (chat shell plus tool lines, diffs and
+approval questions) and the headless one-task mode (plain transcript or JSON lines)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import IO, Callable
+
+from ..agent import Agent, AgentEvent, event_json
+from ..sessions import SessionStore, StoreError
+from ..tools import MODES, Request
+from .chat import COMMANDS, RESET, ChatCommands, Out, Renderer, _ago, _k, run_tty
+
+GREEN, RED, YELLOW = "\x1b[32m", "\x1b[31m", "\x1b[33m"
+
+AGENT_COMMANDS = {**{k: v for k, v in COMMANDS.items() if k != "/system"},
+                  "/compact": "summarise the conversation to free context",
+                  "/approval": "ask|auto-edit|yolo: how much runs without asking"}
+
+
+def color_diff(diff: str) -> str:
+    out = []
+    for line in diff.splitlines():
+        if line.startswith(("+++", "---")):
+            out.append(f"\x1b[1m{line}{RESET}")
+        elif line.startswith("+"):
+            out.append(f"{GREEN}{line}{RESET}")
+        elif line.startswith("-"):
+            out.append(f"{RED}{line}{RESET}")
+        elif line.startswith("@@"):
+            out.append(f"\x1b[36m{line}{RESET}")
+        else:
+            out.append(line)
+    return "\n".join(out)
+
+
+class AgentCommands(ChatCommands):
+    commands = AGENT_COMMANDS
+
+    def __init__(self, agent: Agent, store: SessionStore, out: Out, ask) -> None:
+        super().__init__(agent.conv, store, out, ask)
+        self.agent = agent
+
+    def cmd_new(self, arg: str) -> None:
+        self.offer_save()
+        self.agent.new_conversation()
+        self.out.note("new conversation (the system prompt is cached: no prefill)")
+
+    def cmd_compact(self, arg: str) -> None:
+        for ev in self.agent.compact():
+            if ev.kind == "compacted":
+                self.out.note(f"compacted; summary: {ev.text}")
+                return
+        self.out.note("nothing to compact yet")
+
+    def cmd_approval(self, arg: str) -> None:
+        if arg not in MODES:
+            self.out.note(f"approval mode is {self.agent.policy.mode}; choose one of {', '.join(MODES)}", error=bool(arg))
+            return
+        self.agent.policy.mode = arg
+        self.agent.policy.always.clear()
+        self.out.note(f"approval mode: {arg}")
+
+
+def tty_approver(out: Out, ask_text: Callable[[str], str]) -> Callable[[Request], str]:
+    def approve(req: Request) -> str:
+        out.line(f"⚠ {req.summary}", YELLOW)
+        choices = "[y]es / [n]o" + ("" if req.kind == "dangerous" else " / [a]lways for this session")
+        answer = ask_text(f"  {req.reason}. Allow? {choices}: ")
+        if answer in ("a", "always") and req.kind != "dangerous":
+            return "always"
+        return "yes" if answer in ("y", "yes") else "no"
+
+    return approve
+
+
+def run_agent_turn(agent: Agent, text: str, out: Out, show_thinking: bool) -> None:
+    r = Renderer(out, show_thinking)
+    try:
+        for ev in agent.run(text):
+            r = _show(ev, r, out, show_thinking)
+        r.finish()
+    except KeyboardInterrupt:
+        outcome = agent.conv.interrupted()
+        r.finish("interrupted" + ("; your message was withdrawn" if outcome == "rolled back" else ""))
+
+
+def _show(ev: AgentEvent, r: Renderer, out: Out, show_thinking: bool) -> Renderer:
+    if ev.kind == "prefill":
+        r.prefill(ev.done, ev.total, 0.0)
+    elif ev.kind == "reasoning":
+        r.reasoning(ev.text)
+    elif ev.kind == "content":
+        r.content(ev.text)
+    elif ev.kind == "call_start":
+        r.finish()
+        r = Renderer(out, show_thinking)
+    elif ev.kind in ("tool", "refused"):
+        r.finish()
+        mark, color = ("🛠️ ", GREEN if ev.ok else RED) if ev.kind == "tool" else ("✗ ", RED)
+        out.line(mark + ev.text, color)
+        if ev.detail:
+            out.write((color_diff(ev.detail) if out.tty else ev.detail).rstrip("\n") + "\n")
+        r = Renderer(out, show_thinking)
+    elif ev.kind == "compacted":
+        out.note(f"context compacted; summary: {ev.text}")
+    elif ev.kind == "attached":
+        out.note(f"attached {ev.text}")
+    elif ev.kind == "error":
+        out.note(ev.text, error=True)
+    return r
+
+
+def run_agent_tty(agent: Agent, store: SessionStore, history_file: Path | None, banner: str, **io) -> int:
+    def runner(text: str, out: Out, state: dict, ask_text: Callable[[str], str]) -> None:
+        agent.approve = tty_approver(out, ask_text)
+        run_agent_turn(agent, text, out, state["show_thinking"])
+
+    return run_tty(agent.conv, store, history_file, banner=banner, prompt="ds4 agent> ",
+                   make_commands=lambda out, ask: AgentCommands(agent, store, out, ask), runner=runner, **io)
+
+
+def run_headless(agent: Agent, task: str, as_json: bool, stdout: IO[str], stderr: IO[str]) -> int:
+    """One task to completion without a terminal. Exit 0 when the model finished with an answer."""
+    ok = False
+    out = Out(stdout, tty=False, err=stderr)
+    r = Renderer(out, show_thinking=False)
+    try:
+        for ev in agent.run(task):
+            if as_json:
+                stdout.write(event_json(ev) + "\n")
+                stdout.flush()
+            else:
+                r = _show(ev, r, out, show_thinking=False)
+            ok = ev.kind == "done" or (ok and ev.kind != "error")
+        if not as_json:
+            r.finish()
+    except KeyboardInterrupt:
+        agent.conv.interrupted()
+        stderr.write("ds4: interrupted\n")
+        return 130
+    return 0 if ok else 1
+
+
+def pick_session(store: SessionStore, ask_text: Callable[[str], str] | None, out: Out) -> str | None:
+    """The session to resume when --resume is given without an id: a numbered list of the
+    most recent ones, and the user's choice."""
+    infos = [i for i in store.list() if i.reason != "agent-system"][:15]
+    if not infos:
+        out.note(f"no saved sessions in {store.dir}", error=True)
+        return None
+    for n, i in enumerate(infos, 1):
+        out.line(f"  {n:>2}. {i.sha[:10]}  {_ago(i.last_used):>9}  {_k(i.tokens):>6} tok  {i.title}")
+    if ask_text is None:
+        return None
+    answer = ask_text("Resume which session? [1]: ") or "1"
+    if not answer.isdigit() or not 1 <= int(answer) <= len(infos):
+        out.note("no session chosen", error=True)
+        return None
+    return infos[int(answer) - 1].sha
+
+
+def resume(agent: Agent, store: SessionStore, sha_prefix: str, out: Out) -> bool:
+    try:
+        sha = store.resolve(sha_prefix)
+        info = store.load(sha, agent.conv.session)
+    except StoreError as e:
+        out.note(str(e), error=True)
+        return False
+    agent.conv.adopt_session()
+    out.note(f"resumed {sha[:12]}: {info.title} ({_k(info.tokens)} tokens, no prefill needed)")
+    return True
+
