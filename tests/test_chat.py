@@ -222,6 +222,36 @@ def test_terminal_session_commands_through_prompt_toolkit(engine, tmp_path, monk
         inp.send_text("/quit\r")
         run_tty(conv2, store, None, input=inp, output=DummyOutput(), stdout=out2)
     assert calls == []
-    assert "resumed" in out2.getvalue() and "you> Turn two" in out2.getvalue()
+    assert "resumed" in out2.getvalue() and "you › Turn two" in out2.getvalue()
     assert [m["content"] for m in conv2.messages if m["role"] == "user"] == ["Turn one", "Turn two"]
     _consistent(conv2)
+
+
+def test_escape_interrupts_and_typing_is_queued(demo_path, tmp_path) -> None:
+    """In a real terminal: Esc stops a long answer; a line typed meanwhile runs next."""
+    pexpect = pytest.importorskip("pexpect")
+    env = {**os.environ, "DS4_MODEL": str(demo_path), "DS4_HOME": str(tmp_path), "TERM": "xterm-256color"}
+    child = pexpect.spawn(sys.executable, ["-m", "ds4agent", "--ctx", "2048", "-n", "400", "--temp", "0"],
+                          env=env, encoding="utf-8", timeout=120, dimensions=(40, 120))
+    try:
+        child.expect("ds4>")
+        child.send("First question\r")
+        child.expect("\x1b\\[38;5;245m")  # the answer (reasoning) has started streaming
+        child.send("queued question\r")
+        child.send("\x1b")
+        child.expect("interrupted")
+        child.expect("queued question")  # taken from the queue as the next prompt
+        child.expect("\x1b\\[38;5;245m")
+        child.send("\x1b")
+        child.expect("interrupted")
+        child.expect("ds4>")
+        child.send("/history 5\r")
+        child.expect("you › queued question")
+        child.expect("ds4>")
+        child.sendcontrol("d")
+        child.expect(re.escape("[Y/n]"))
+        child.send("n\r")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close()
+    assert child.exitstatus == 0

@@ -37,7 +37,8 @@ COMMANDS = {
     "/quit": "leave (also Ctrl+D)",
 }
 KEYS_HELP = ("Enter sends; Alt+Enter (or Esc then Enter) adds a line; pasting keeps newlines; "
-             "Ctrl+T shows or hides reasoning; Ctrl+C stops an answer; Ctrl+D leaves.")
+             "Ctrl+T shows or hides reasoning; Esc or Ctrl+C stops an answer; what you type meanwhile waits "
+             "for the next prompt; Ctrl+D leaves.")
 
 
 def _k(n: int) -> str:
@@ -212,9 +213,9 @@ class ChatCommands:
     def show_history(self, n: int) -> None:
         turns = [m for m in self.conv.messages if m["role"] in ("user", "assistant")][-2 * n :]
         for m in turns:
-            who = "you" if m["role"] == "user" else "ds4"
+            mine = m["role"] == "user"
             text = (m.get("content") or "").strip()
-            self.out.line(f"{who}> {text}", BOLD if who == "you" else "")
+            self.out.line(f"{'you' if mine else 'model'} › {text}", BOLD if mine else "")
 
     def cmd_stats(self, arg: str) -> None:
         c, st = self.conv, self.conv.stats
@@ -412,8 +413,11 @@ def run_tty(conv: Conversation, store: SessionStore, history_file: Path | None, 
         state["show_thinking"] = not state["show_thinking"]
 
     def ask_text(question: str) -> str:
+        from .keys import suspended
+
         try:
-            return session.prompt(question, bottom_toolbar=None, multiline=False, key_bindings=None).strip().lower()
+            with suspended():
+                return session.prompt(question, bottom_toolbar=None, multiline=False, key_bindings=None).strip().lower()
         except (EOFError, KeyboardInterrupt):
             return "n"
 
@@ -439,13 +443,23 @@ def run_tty(conv: Conversation, store: SessionStore, history_file: Path | None, 
     if banner:
         out.line(banner, GREY)
     out.line("Type /help for commands. " + KEYS_HELP, GREY)
+    # Keys typed while a turn runs: Esc interrupts, lines wait here (only on a real terminal).
+    watch = input is None and sys.stdin.isatty()
+    queued: list[str] = []
+    draft = ""
     while not cmds.quit:
-        try:
-            text = session.prompt(prompt)
-        except KeyboardInterrupt:
-            continue  # Ctrl+C at the prompt clears the line, never exits
-        except EOFError:
-            break
+        if queued:
+            text = queued.pop(0)
+            out.line(prompt + text, BOLD)
+        else:
+            try:
+                text = session.prompt(prompt, default=draft)
+            except KeyboardInterrupt:
+                draft = ""
+                continue  # Ctrl+C at the prompt clears the line, never exits
+            except EOFError:
+                break
+            draft = ""
         if not text.strip():
             continue
         if text.startswith("/"):
@@ -453,7 +467,18 @@ def run_tty(conv: Conversation, store: SessionStore, history_file: Path | None, 
             if cmds.pending_read is None:
                 continue
             text, cmds.pending_read = cmds.pending_read, None
-        runner(text, out, state, ask_text)
+        if not watch:
+            runner(text, out, state, ask_text)
+            continue
+        from .keys import KeyWatcher
+
+        try:
+            with KeyWatcher() as keys:
+                runner(text, out, state, ask_text)
+        except KeyboardInterrupt:  # an Esc that landed just as the turn ended
+            pass
+        queued += keys.queued
+        draft = keys.partial
     cmds.offer_save()
     return 0
 

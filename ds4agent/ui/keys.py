@@ -1,0 +1,121 @@
+"""Keys typed while the model works: Esc interrupts the answer, anything else is queued.
+
+prompt_toolkit only owns the keyboard while a prompt is shown. During a turn this watcher puts
+the terminal in cbreak mode (no echo, key by key) and reads it from a thread: Esc interrupts
+the main thread exactly like Ctrl+C; typed lines are kept, in order, for the prompts that
+follow; an unfinished line becomes the next prompt's starting text.
+"""
+
+from __future__ import annotations
+
+import _thread
+import os
+import select
+import sys
+import threading
+from contextlib import contextmanager
+from typing import Iterator
+
+_ACTIVE: "KeyWatcher | None" = None
+
+
+@contextmanager
+def suspended() -> Iterator[None]:
+    """Give the keyboard back (for a question asked in the middle of a turn)."""
+    w = _ACTIVE
+    if w is None:
+        yield
+        return
+    w._halt()
+    try:
+        yield
+    finally:
+        w._start()
+
+
+class KeyWatcher:
+    def __init__(self, fd: int | None = None) -> None:
+        self.fd = sys.stdin.fileno() if fd is None else fd
+        self.queued: list[str] = []
+        self.partial = ""
+        self.escaped = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._saved = None
+
+    def __enter__(self) -> "KeyWatcher":
+        global _ACTIVE
+        self._start()
+        _ACTIVE = self
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        global _ACTIVE
+        _ACTIVE = None
+        self._halt()
+
+    def _start(self) -> None:
+        try:
+            import termios
+            import tty
+
+            if not os.isatty(self.fd):
+                return
+            self._saved = termios.tcgetattr(self.fd)
+            tty.setcbreak(self.fd)
+        except (ImportError, OSError, ValueError):
+            self._saved = None
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _halt(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=1)
+            self._thread = None
+        if self._saved is not None:
+            import termios
+
+            termios.tcsetattr(self.fd, termios.TCSADRAIN, self._saved)
+            self._saved = None
+
+    def _read(self) -> None:
+        import codecs
+
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        while not self._stop.is_set():
+            ready, _, _ = select.select([self.fd], [], [], 0.05)
+            if not ready:
+                continue
+            try:
+                data = os.read(self.fd, 1024)
+            except OSError:
+                return
+            if not data:
+                return
+            text = decoder.decode(data)
+            i = 0
+            while i < len(text):
+                ch = text[i]
+                i += 1
+                if ch == "\x1b":
+                    if i < len(text) and text[i] in "[O":  # an arrow or function key: skip it
+                        i += 1
+                        while i < len(text) and not (text[i].isalpha() or text[i] == "~"):
+                            i += 1
+                        i += 1
+                        continue
+                    self.escaped = True  # a lone Esc
+                    _thread.interrupt_main()
+                elif ch in "\r\n":
+                    if self.partial.strip():
+                        self.queued.append(self.partial)
+                    self.partial = ""
+                elif ch in "\x7f\x08":
+                    self.partial = self.partial[:-1]
+                elif ch == "\x15":  # Ctrl+U
+                    self.partial = ""
+                elif ch >= " " or ch == "\t":
+                    self.partial += ch
