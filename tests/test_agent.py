@@ -281,3 +281,23 @@ def test_interactive_end_to_end(demo_path, repo, tmp_path) -> None:
     finally:
         child.close()
     assert child.exitstatus == 0
+
+
+def test_tty_approver_answers_and_rendering(tmp_path) -> None:
+    import io
+
+    from ds4agent.tools import Request
+    from ds4agent.ui.agent_ui import color_diff, tty_approver
+    from ds4agent.ui.chat import Out
+
+    out = Out(io.StringIO(), tty=True)
+    answers = iter(["y", "n", "a", "a", ""])
+    approve = tty_approver(out, lambda q: next(answers))
+    edit = Request("edit", "edit src/app.py", "changes a file", "edit")
+    danger = Request("bash", "$ rm -rf /", "dangerous command (recursive or forced delete)", "dangerous")
+    assert [approve(edit), approve(edit), approve(edit)] == ["yes", "no", "always"]
+    assert approve(danger) == "no"  # "always" is not offered for dangerous commands
+    assert approve(edit) == "no"  # no answer is no
+    assert "edit src/app.py" in out.stream.getvalue()
+    colored = color_diff("--- a/x\n+++ b/x\n@@ -1 +1 @@\n-old\n+new\n")
+    assert "\x1b[31m-old" in colored and "\x1b[32m+new" in colored
