@@ -107,7 +107,7 @@ def _fmt_gib(n: int) -> str:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from .engine.info import describe
+    from .engine import describe
     from .modelpath import resolve_model
 
     path = resolve_model(args.model).path if args.model is None else Path(args.model)
@@ -298,10 +298,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from .engine.config import ConfigError
-    from .engine.engine import EngineError
-    from .engine.gguf import GGUFError
-    from .engine.session import ContextFullError
+    from .engine import ConfigError, ContextFullError, EngineError, GGUFError
     from .modelpath import ModelChoiceError
 
     argv = list(sys.argv[1:] if argv is None else argv)

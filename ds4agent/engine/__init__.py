@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = ["Engine", "EngineError", "Session", "SamplingParams", "Tokenizer", "GGUFError", "ConfigError", "ModelConfig",
-           "render", "parse", "Transcript", "StreamParser"]
+           "render", "parse", "Transcript", "StreamParser", "ContextFullError", "describe"]
 
 
 def __getattr__(name: str) -> Any:
@@ -17,6 +17,14 @@ def __getattr__(name: str) -> Any:
         from . import engine
 
         return getattr(engine, name)
+    if name == "ContextFullError":
+        from .session import ContextFullError
+
+        return ContextFullError
+    if name == "describe":
+        from .info import describe
+
+        return describe
     if name == "Session":
         from .session import Session
 

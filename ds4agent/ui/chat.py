@@ -170,7 +170,7 @@ class ChatCommands:
         self.save()
 
     def cmd_list(self, arg: str) -> None:
-        infos = self.store.list()
+        infos = [i for i in self.store.list() if i.reason != "agent-system"]  # the agent's prompt cache
         for p in self.store.problems:
             self.out.note(f"skipped: {p}")
         if not infos:
