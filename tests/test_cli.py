@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 
 from ds4agent.cli import main
-from ds4agent.engine.config import FLASH
-from ds4agent.engine.demo import default_demo_path, write_model
+from ds4agent.engine.demo import default_demo_path
 from helpers import copy_model, patch_metadata
 
 

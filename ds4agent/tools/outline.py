@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib
 from functools import lru_cache
-from pathlib import Path
 
 from .base import Tool, ToolError, ToolResult, Workspace, arg
 

@@ -42,7 +42,6 @@ class MarkdownStream:
         self.live_height = 0  # lines currently drawn in the live region
         self.last_draw = 0.0
         self.in_fence = False
-        self._scan_from = 0
 
     def _split_block(self) -> None:
         """Move every finished block from the tail to final output."""
