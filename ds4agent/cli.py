@@ -93,8 +93,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="generate a tiny random-weight DeepSeek V4 GGUF in the real layout")
     demo.add_argument("--out", metavar="PATH", help="where to write it (default: the cached demo model)")
-    demo.add_argument("--preset", choices=("tiny", "q4"), default="tiny",
-                      help="tiny: IQ2_XXS/Q2_K experts like the q2 release; q4: Q4_K experts")
+    demo.add_argument("--preset", choices=("tiny", "q4", "shape"), default="tiny",
+                      help="tiny: IQ2_XXS/Q2_K experts like the q2 release; q4: Q4_K experts; shape: the real "
+                           "Flash dimensions with --layers layers (GBs: for benchmarks)")
+    demo.add_argument("--layers", type=int, default=2, metavar="N", help="shape preset: layers (default 2)")
+    demo.add_argument("--experts", type=int, default=256, metavar="E", help="shape preset: routed experts (default 256)")
     demo.add_argument("--seed", type=int, default=0, help="random seed (same seed, same bytes)")
     demo.add_argument("--force", action="store_true", help="overwrite --out if it exists")
     return p
@@ -160,8 +163,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from .engine.demo import default_demo_path, write_demo
+    from .engine.demo import default_demo_path, shape_config, write_demo, write_model
 
+    if args.preset == "shape" and not args.out:
+        raise UsageError("the shape preset needs --out PATH (it is several GB)")
     out = Path(args.out) if args.out else default_demo_path(args.preset, args.seed)
     if out.exists() and out.is_dir():
         raise UsageError(f"{out}: is a directory; give a file path to --out")
@@ -172,7 +177,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
             raise UsageError(f"{out.parent}: no such directory")
         out.parent.mkdir(parents=True)
     t0 = time.perf_counter()
-    write_demo(out, args.preset, args.seed)
+    if args.preset == "shape":
+        try:
+            write_model(out, shape_config(args.layers, args.experts), "tiny", args.seed)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+    else:
+        write_demo(out, args.preset, args.seed)
     print(f"wrote {out} ({_fmt_gib(out.stat().st_size)}, preset {args.preset}, seed {args.seed}) "
           f"in {time.perf_counter() - t0:.1f} s")
     return 0
@@ -313,6 +324,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UsageError, GGUFError, ConfigError, ModelChoiceError, EngineError, ContextFullError) as e:
         print(f"ds4: error: {e}", file=sys.stderr)
         return 2 if isinstance(e, UsageError) else 1
+    except BrokenPipeError:  # `ds4 inspect ... | head`: the reader left; not an error worth a message
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except OSError as e:
         where = f"{e.filename}: " if getattr(e, "filename", None) else ""
         print(f"ds4: error: {where}{e.strerror or e}", file=sys.stderr)
@@ -320,9 +334,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\nds4: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:  # `ds4 -p ... | head`: the reader left; not an error worth a traceback
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -128,3 +128,28 @@ def test_size_dominated_by_vocabulary(demo_path: Path) -> None:
 def test_unknown_preset(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="unknown demo preset"):
         write_demo(tmp_path / "x.gguf", "huge")
+
+
+def test_shape_preset_layout(tmp_path: Path) -> None:
+    """The shape preset: real dimensions, N layers in the real pattern, fewer experts allowed;
+    checked on a header-only file (the real one is GBs)."""
+    from ds4agent.engine.config import check_tensors, claims_flash
+    from ds4agent.engine.demo import shape_config, write_model
+
+    c = shape_config(4, 8)
+    assert (c.n_embd, c.n_head, c.head_dim, c.expert_ff) == (4096, 64, 512, 2048)
+    assert c.compress_ratios == (0, 0, 4, 128) and c.n_hash_layer == 3 and c.n_expert_used == 6
+    p = write_model(tmp_path / "shape.gguf", c, with_data=False)
+    with GGUFFile(p) as f:
+        got = config_from_gguf(f)
+        assert check_tensors(f, got) == [] and not claims_flash(got)
+        assert f.tensors["blk.3.ffn_gate_exps.weight"].dims == (4096, 2048, 8)
+    with pytest.raises(ValueError):
+        shape_config(0)
+
+
+def test_shape_preset_needs_out(capsys) -> None:
+    from ds4agent.cli import main
+
+    assert main(["demo", "--preset", "shape"]) == 2
+    assert "needs --out" in capsys.readouterr().err

@@ -350,8 +350,10 @@ _U32_ONLY = {suffix for suffix, _, kind in _REQUIRED if kind == "int"}
 
 
 def claims_flash(c: ModelConfig) -> bool:
-    """A file with the published hidden size or layer count claims to be the real model."""
-    return c.n_embd == FLASH_VALUES["embedding_length"] or c.n_layer == FLASH_VALUES["block_count"]
+    """A file with the published hidden size and layer count claims to be the real model and is
+    checked value by value. Shape models (real dimensions, fewer layers or experts, for
+    benchmarks) are checked for internal consistency only."""
+    return c.n_embd == FLASH_VALUES["embedding_length"] and c.n_layer == FLASH_VALUES["block_count"]
 
 
 def validate_flash(f: GGUFFile, c: ModelConfig) -> list[str]:
