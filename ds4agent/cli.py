@@ -87,6 +87,19 @@ def build_parser() -> argparse.ArgumentParser:
     agen.add_argument("-c", "--ctx", type=int, default=65536, metavar="N", help="context size (default 65536)")
     agen.add_argument("--backend", choices=("auto", "cpu", "metal", "cuda"), default="auto")
 
+    b = sub.add_parser("bench", help="prefill/generation speed at context frontiers (ds4-bench CSV)")
+    b.add_argument("-m", "--model", metavar="PATH", help="GGUF model file")
+    b.add_argument("--prompt-file", metavar="FILE", help="text to prefill (default: a built-in text, repeated)")
+    b.add_argument("--ctx-start", type=int, default=2048, metavar="N")
+    b.add_argument("--ctx-max", type=int, default=32768, metavar="N")
+    step = b.add_mutually_exclusive_group()
+    step.add_argument("--step-incr", type=int, default=2048, metavar="N")
+    step.add_argument("--step-mul", type=float, default=None, metavar="F")
+    b.add_argument("--gen-tokens", type=int, default=128, metavar="N")
+    b.add_argument("--csv", metavar="FILE", help="write the CSV here instead of stdout")
+    b.add_argument("--plot", metavar="FILE.png", help="draw prefill and generation t/s (needs matplotlib)")
+    b.add_argument("--backend", choices=("auto", "cpu", "metal", "cuda"), default="auto")
+
     ins = sub.add_parser("inspect", help="describe a model file without loading its weights")
     ins.add_argument("model", nargs="?", metavar="MODEL", help="GGUF file (default: the model ds4 would run)")
     ins.add_argument("--tensors", action="store_true", help="also list every tensor")
@@ -308,6 +321,60 @@ def cmd_agent(args: argparse.Namespace) -> int:
     return run_agent_tty(agent, store, default_history_file(), banner)
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from . import benchmark
+    from .engine import Engine
+    from .modelpath import resolve_model
+
+    if not 1 <= args.ctx_start <= args.ctx_max or args.gen_tokens < 1 or (args.step_mul or 2) <= 1 or args.step_incr < 1:
+        raise UsageError("need 1 <= --ctx-start <= --ctx-max, --gen-tokens >= 1, --step-incr >= 1, --step-mul > 1")
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise UsageError("--plot needs matplotlib (pip install 'ds4agent[bench]')") from None
+    choice = resolve_model(args.model)
+    engine = Engine.open(choice.path, backend=args.backend, ctx=args.ctx_max + args.gen_tokens + 1)
+    tok = engine.tokenizer
+    text = Path(args.prompt_file).read_text(encoding="utf-8") if args.prompt_file else _BENCH_TEXT
+    ids = tok.encode(text)
+    if not ids:
+        raise UsageError("the prompt text is empty")
+    while len(ids) < args.ctx_max:  # the built-in text (or a short file) repeats to fill the context
+        ids = ids + ids
+    points = benchmark.frontiers(args.ctx_start, args.ctx_max, args.step_incr, args.step_mul)
+    per_token = benchmark.bytes_per_token(engine)
+
+    tty = sys.stderr.isatty()
+
+    def progress(done: int, total: int, row) -> None:
+        line = (f"bench {done}/{total} [{'#' * (20 * done // total):<20}] ctx {row.ctx}: "
+                f"prefill {row.prefill_tps:.1f} t/s, generation {row.gen_tps:.1f} t/s")
+        if tty:
+            print(f"\r{line}\x1b[K", end="" if done < total else "\n", file=sys.stderr, flush=True)
+        else:
+            print(line, file=sys.stderr, flush=True)
+
+    rows = benchmark.run(engine, ids, points, args.gen_tokens, progress)
+    if args.csv:
+        with open(args.csv, "w", encoding="utf-8") as f:
+            benchmark.write_csv(rows, f)
+    else:
+        benchmark.write_csv(rows, sys.stdout)
+    gen = sum(r.gen_tps for r in rows) / len(rows)
+    print(f"ds4: {per_token / 1e9:.3f} GB of weights read per decoded token; at {gen:.2f} t/s that is "
+          f"{per_token * gen / 1e9:.2f} GB/s", file=sys.stderr)
+    if args.plot:
+        benchmark.plot(rows, args.plot, f"{engine.info.name} ({engine.info.backend})")
+    return 0
+
+
+_BENCH_TEXT = (
+    "The quick brown fox jumps over the lazy dog while the engine measures how fast it reads a long context. "
+    "Each frontier adds new tokens to prefill, then a fixed number of greedy tokens are generated and timed.\n"
+)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from .engine import ConfigError, ContextFullError, EngineError, GGUFError
     from .modelpath import ModelChoiceError
@@ -319,7 +386,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
-        handler = {"chat": cmd_chat, "agent": cmd_agent, "inspect": cmd_inspect, "demo": cmd_demo}[args.command]
+        handler = {"chat": cmd_chat, "agent": cmd_agent, "bench": cmd_bench, "inspect": cmd_inspect,
+                   "demo": cmd_demo}[args.command]
         return handler(args)
     except (UsageError, GGUFError, ConfigError, ModelChoiceError, EngineError, ContextFullError) as e:
         print(f"ds4: error: {e}", file=sys.stderr)

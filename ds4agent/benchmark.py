@@ -1,0 +1,110 @@
+"""`ds4 bench`: prefill and generation speed at growing context frontiers, in ds4-bench's CSV.
+
+For each frontier: prefill only the new interval (timed), snapshot (not timed), greedy decode of
+exactly ``gen_tokens`` with the end-of-sentence token excluded (timed), restore the snapshot,
+continue. Also reports the bytes of weights one decoded token reads and the bandwidth that
+implies, which is what bounds decoding a mixture of experts.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import IO, Callable
+
+import numpy as np
+
+from .engine import Engine
+
+CSV_HEADER = "ctx_tokens,prefill_tokens,prefill_tps,gen_tokens,gen_tps,kvcache_bytes"
+
+
+@dataclass
+class Row:
+    ctx: int
+    prefill_tokens: int
+    prefill_tps: float
+    gen_tokens: int
+    gen_tps: float
+    kv_bytes: int
+
+    def csv(self) -> str:
+        return (f"{self.ctx},{self.prefill_tokens},{self.prefill_tps:.2f},{self.gen_tokens},{self.gen_tps:.2f},"
+                f"{self.kv_bytes}")
+
+
+def frontiers(start: int, stop: int, incr: int, mul: float | None) -> list[int]:
+    out, n = [], start
+    while n <= stop:
+        out.append(n)
+        n = int(math.ceil(n * mul)) if mul else n + incr
+    return out
+
+
+def bytes_per_token(engine: Engine) -> int:
+    """Weight bytes one decoded token reads: every dense tensor, one embedding row, and the
+    selected experts' share of each expert tensor."""
+    cfg = engine.info.config
+    total = 0
+    for t in engine._file.tensors.values():
+        if t.name == "token_embd.weight":
+            total += t.row_bytes
+        elif "_exps." in t.name:
+            total += t.nbytes * cfg.n_expert_used // cfg.n_expert
+        elif t.name.endswith("tid2eid.weight"):
+            total += t.row_bytes
+        else:
+            total += t.nbytes
+    return total
+
+
+def run(engine: Engine, ids: list[int], points: list[int], gen_tokens: int,
+        progress: Callable[[int, int, Row], None] | None = None) -> list[Row]:
+    s = engine.session()
+    eos = engine.tokenizer.eos_id
+    rows = []
+    prev = 0
+    for k, ctx in enumerate(points):
+        t = time.perf_counter()
+        n = s.sync(ids[:ctx])
+        prefill = time.perf_counter() - t
+        blob = s.snapshot()
+        t = time.perf_counter()
+        for _ in range(gen_tokens):
+            logits = s.logits.copy()
+            logits[eos] = -np.inf  # exactly gen_tokens tokens: never stop early
+            s.eval(int(np.argmax(logits)))
+        gen = time.perf_counter() - t
+        s.restore(blob)
+        row = Row(ctx, n if n else ctx - prev, n / prefill if prefill > 0 else 0.0, gen_tokens,
+                  gen_tokens / gen if gen > 0 else 0.0, len(blob))
+        rows.append(row)
+        prev = ctx
+        if progress:
+            progress(k + 1, len(points), row)
+    return rows
+
+
+def plot(rows: list[Row], path: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(1, 2, figsize=(10, 4))
+    x = [r.ctx for r in rows]
+    ax[0].plot(x, [r.prefill_tps for r in rows], marker="o")
+    ax[0].set(title="prefill", xlabel="context tokens", ylabel="tokens/s")
+    ax[1].plot(x, [r.gen_tps for r in rows], marker="o", color="tab:orange")
+    ax[1].set(title="generation", xlabel="context tokens", ylabel="tokens/s")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_csv(rows: list[Row], out: IO[str]) -> None:
+    out.write(CSV_HEADER + "\n")
+    for r in rows:
+        out.write(r.csv() + "\n")
