@@ -94,6 +94,7 @@ class Agent:
                                  max_tokens=max_tokens, tools=[t.schema() for t in self.tools.values()])
         self._last_call: tuple[str, str] | None = None
         self._dsml_error: str | None = None
+        self._system_blob: bytes | None = None  # KV snapshot of the system prompt (see prime)
 
     # -- one user request, until the model stops calling tools ----------------------------------
     def run(self, text: str) -> Iterator[AgentEvent]:
@@ -218,9 +219,8 @@ class Agent:
         conv = self.conv
         conv.reset(system=conv.system)
         conv.transcript.append(self._system_message())
-        blob = getattr(self, "_system_blob", None)
-        if blob is not None:
-            conv.session.restore(blob)
+        if self._system_blob is not None:
+            conv.session.restore(self._system_blob)
         self._last_call = None
 
 

@@ -8,12 +8,12 @@ silently wrong constant (a ratio, a RoPE base) produces fluent garbage rather th
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from gguf.constants import GGMLQuantizationType as Q
 
-from .gguf import GGUFError, GGUFFile, ValueType, type_name
+from .gguf import GGUFFile, ValueType, type_name
 
 ARCH = "deepseek4"
 
@@ -83,9 +83,6 @@ class ModelConfig:
     def hc_mix(self) -> int:
         """Per-sublayer HC projection width: pre(hc) + post(hc) + comb(hc×hc)."""
         return (2 + self.hc_count) * self.hc_count
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 # key suffix -> (field, kind); kind is "int", "float", "bool" or "u64"
@@ -204,11 +201,6 @@ def _check_consistency(f: GGUFFile, c: ModelConfig) -> None:
         d = c.indexer_head_dim
         need(d > 0 and d & (d - 1) == 0, "attention.indexer.key_length", f"must be a power of two (Hadamard transform), found {d}")
         need(c.indexer_top_k > 0, "attention.indexer.top_k", f"must be positive, found {c.indexer_top_k}")
-
-
-def load_config(path: str) -> ModelConfig:
-    with GGUFFile(path) as f:
-        return config_from_gguf(f)
 
 
 # -- tensor inventory ---------------------------------------------------------------------------
@@ -389,9 +381,3 @@ def validate_flash(f: GGUFFile, c: ModelConfig) -> list[str]:
         diffs.append(f"{ARCH}.swiglu_clamp_exp is not all 10.0")
     diffs.extend(check_tensors(f, c))
     return diffs
-
-
-def raise_problems(path: str, problems: list[str]) -> None:
-    if problems:
-        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        raise GGUFError(f"{path}: {problems[0]}{more}")

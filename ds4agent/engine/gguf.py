@@ -358,10 +358,6 @@ class GGUFFile:
         self.close()
 
 
-def open_gguf(path: str | os.PathLike[str]) -> GGUFFile:
-    return GGUFFile(path)
-
-
 # -- writer -----------------------------------------------------------------------------------
 
 Meta = Mapping[str, tuple[int, Any]]  # key -> (ValueType, value); arrays: (ARRAY, (subtype, list))

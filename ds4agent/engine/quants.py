@@ -15,8 +15,6 @@ import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as Q
 from gguf.quants import IQ2_XXS as _GGUF_IQ2_XXS
 
-QK_K = 256
-
 
 def _iq2xxs_tables() -> tuple[mx.array, mx.array]:
     if _GGUF_IQ2_XXS.grid is None:

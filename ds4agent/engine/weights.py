@@ -32,9 +32,6 @@ class Weights:
     def has(self, name: str) -> bool:
         return name in self.file.tensors
 
-    def type_of(self, name: str) -> int:
-        return self.file.tensors[name].type
-
     def get(self, name: str) -> "mx.array | QMatrix":
         """A tensor in logical (numpy) shape, materialised once and cached: F32 as float32, F16
         kept as float16 (promoted exactly inside matmuls), Q8_0 repacked into MLX's 8-bit

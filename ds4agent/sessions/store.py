@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
-from .kvfile import REASONS, KVFile, KVFileError, KVHeader, read_file, read_header, text_sha
+from .kvfile import REASON_NAMES, REASONS, KVFile, KVFileError, KVHeader, read_file, read_header, text_sha
 
 if TYPE_CHECKING:
     from ..engine.session import Session
@@ -186,17 +186,18 @@ class SessionStore:
             if not _NAME.match(p.name):
                 continue
             try:
-                h, text = read_header(p)
+                out.append(self._info(p))
             except KVFileError as e:
                 self.problems.append(str(e))
-                continue
-            if text_sha(text) != p.stem:
-                self.problems.append(f"{p}: name does not match its text (renamed or corrupt); skipped")
-                continue
-            out.append(SessionInfo(p.stem, title_of(text), h.created, h.last_used, h.tokens, p.stat().st_size,
-                                   h.quant_bits, h.hits, {v: k for k, v in REASONS.items()}.get(h.reason, "unknown"),
-                                   h.payload_bytes == 0, p))
         return out
+
+    @staticmethod
+    def _info(p: Path) -> SessionInfo:
+        h, text = read_header(p)
+        if text_sha(text) != p.stem:
+            raise KVFileError(f"{p}: name does not match its text (renamed or corrupt); skipped")
+        return SessionInfo(p.stem, title_of(text), h.created, h.last_used, h.tokens, p.stat().st_size, h.quant_bits,
+                           h.hits, REASON_NAMES.get(h.reason, "unknown"), h.payload_bytes == 0, p)
 
     def list(self) -> list[SessionInfo]:
         """Readable sessions, most recently used first; unreadable files go to ``problems``."""
@@ -244,7 +245,7 @@ class SessionStore:
             ids = session.engine.tokenizer.encode_rendered(f.text.decode("utf-8", errors="replace"))
             session.sync(ids)
         self._touch(sha)
-        return next(i for i in self._infos() if i.sha == sha)
+        return self._info(path)
 
     def _touch(self, sha: str) -> None:
         """Count a hit and update last-used, in place (the header is fixed-size)."""

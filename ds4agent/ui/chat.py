@@ -18,7 +18,7 @@ from ..engine.template import THINK_MAX_MIN_CTX
 from ..sessions import SessionStore, StoreError
 from .markdown import MarkdownStream
 
-GREY, DIM_OFF, CYAN, RED, BOLD, RESET = "\x1b[38;5;245m", "\x1b[0m", "\x1b[36m", "\x1b[31m", "\x1b[1m", "\x1b[0m"
+GREY, CYAN, RED, BOLD, RESET = "\x1b[38;5;245m", "\x1b[36m", "\x1b[31m", "\x1b[1m", "\x1b[0m"
 
 COMMANDS = {
     "/help": "show this help",
