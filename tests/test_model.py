@@ -32,9 +32,12 @@ def oracle(demo_path):
     return model
 
 
-@pytest.fixture(scope="module")
-def engine(demo_path):
-    e = Engine.open(demo_path, backend="cpu", ctx=4096, qat_sim=False)
+@pytest.fixture(scope="module", params=["reference", "cpu"])
+def engine(demo_path, request):
+    """Both implementations of the heavy products face the oracle: the MLX reference and the
+    native CPU kernels (engine/kernels)."""
+    e = Engine.open(demo_path, backend="cpu", ctx=4096, qat_sim=False, kernels=request.param)
+    assert e.info.kernels == request.param
     yield e
     e.close()
 

@@ -10,6 +10,7 @@ import mlx.core as mx
 
 from .config import ModelConfig, check_tensors, claims_flash, config_from_gguf, validate_flash
 from .gguf import GGUFError, GGUFFile
+from .kernels import KernelError, select as select_kernels
 from .model import Model, Options
 from .session import Session
 from .tokenizer import Tokenizer
@@ -33,6 +34,8 @@ class EngineInfo:
     is_flash: bool
     expert_quant_bits: int  # 4 when layer 0's routed experts are Q4_K, else 2 (ds4's convention)
     fingerprint: int  # identifies these exact weights (see _fingerprint)
+    kernels: str = "reference"  # the implementation of the heavy products (engine/kernels)
+    kernel_note: str | None = None  # why the fast kernels were not used, when they were not
 
     @property
     def name(self) -> str:
@@ -68,22 +71,25 @@ def _pick_backend(requested: str) -> str:
 
 class Engine:
     def __init__(self, f: GGUFFile, cfg: ModelConfig, tok: Tokenizer, backend: str, ctx: int, qat_sim: bool,
-                 is_flash: bool) -> None:
+                 is_flash: bool, kernels: str | None = None) -> None:
         self._file = f
         self.tokenizer = tok
         self.ctx = ctx
-        self._model = Model(Weights(f, cfg), Options(qat_sim=qat_sim))
+        weights = Weights(f, cfg)
+        impl, note = select_kernels(backend, weights, kernels)
+        self._model = Model(weights, Options(qat_sim=qat_sim), impl)
         mix: dict[str, int] = {}
         for t in f.tensors.values():
             mix[t.type_name] = mix.get(t.type_name, 0) + t.nbytes
         bits = 4 if f.tensors["blk.0.ffn_gate_exps.weight"].type_name == "Q4_K" else 2
-        self.info = EngineInfo(f.path, cfg, backend, ctx, qat_sim, mix, is_flash, bits, _fingerprint(f))
+        self.info = EngineInfo(f.path, cfg, backend, ctx, qat_sim, mix, is_flash, bits, _fingerprint(f), impl.name, note)
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], backend: str = "auto", ctx: int = 32768,
-             qat_sim: bool = True) -> "Engine":
+             qat_sim: bool = True, kernels: str | None = None) -> "Engine":
         """Open a DeepSeek V4 GGUF. Reads the header and vocabulary only; weights stay in the
-        mmap and are materialised when first used."""
+        mmap and are materialised when first used. ``kernels`` picks the implementation of the
+        heavy products (default $DS4_KERNELS or auto: the backend's fast kernels when usable)."""
         if ctx < 2:
             raise EngineError(f"context size must be at least 2 tokens, got {ctx}")
         chosen = _pick_backend(backend)
@@ -99,10 +105,13 @@ class Engine:
             tok = Tokenizer.from_gguf(f)
             if tok.vocab_size != cfg.n_vocab:
                 raise EngineError(f"{f.path}: {tok.vocab_size} vocabulary strings for {cfg.n_vocab} embedding rows")
+            return cls(f, cfg, tok, chosen, ctx, qat_sim, flash, kernels)
+        except KernelError as e:
+            f.close()
+            raise EngineError(str(e)) from None
         except Exception:
             f.close()
             raise
-        return cls(f, cfg, tok, chosen, ctx, qat_sim, flash)
 
     def session(self) -> Session:
         return Session(self)

@@ -20,8 +20,10 @@ import numpy as np
 
 from . import qat
 from .config import ModelConfig
+from .kernels import Kernels
+from .kernels.reference import ReferenceKernels, swiglu
 from .state import NEG_INF, Frontier, LayerState, ModelState
-from .weights import QMatrix, Weights
+from .weights import Weights
 
 ROUTE_WEIGHT_FLOOR = 6.103515625e-5  # 2^-14: floor of the sum of selected router scores
 
@@ -34,17 +36,6 @@ class Options:
 def rms_norm(x: mx.array, w: mx.array | None, eps: float) -> mx.array:
     y = x * mx.rsqrt(mx.mean(x * x, axis=-1, keepdims=True) + eps)
     return y if w is None else y * w
-
-
-def linear(x: mx.array, w: "mx.array | QMatrix") -> mx.array:
-    """x @ wᵀ for GGUF-layout weights (out, in), dense or repacked Q8_0."""
-    if isinstance(w, QMatrix):
-        return w.matmul_t(x)
-    return x @ w.T
-
-
-def _rows(w: "mx.array | QMatrix", start: int, stop: int) -> "mx.array | QMatrix":
-    return w.rows(start, stop) if isinstance(w, QMatrix) else w[start:stop]
 
 
 # -- RoPE ---------------------------------------------------------------------------------------
@@ -90,11 +81,12 @@ class Rope:
 
 # -- hyper-connections --------------------------------------------------------------------------
 
-def hc_pre(X: mx.array, fn: mx.array, scale: mx.array, base: mx.array, cfg: ModelConfig):
-    """X (T, hc, E) -> sublayer input (T, E), post (T, hc), comb (T, hc, hc)."""
+def hc_pre(X: mx.array, project, scale: mx.array, base: mx.array, cfg: ModelConfig):
+    """X (T, hc, E) -> sublayer input (T, E), post (T, hc), comb (T, hc, hc); ``project`` is
+    the mixing matrix as a function of the normalised flat streams."""
     T, hc, E = X.shape
     flat = rms_norm(X.reshape(T, hc * E), None, cfg.rms_eps)
-    mix = linear(flat, fn)  # (T, (2+hc)·hc)
+    mix = project(flat)  # (T, (2+hc)·hc)
     eps = cfg.hc_eps
     pre = mx.sigmoid(mix[:, :hc] * scale[0] + base[:hc]) + eps
     post = 2.0 * mx.sigmoid(mix[:, hc : 2 * hc] * scale[1] + base[hc : 2 * hc])
@@ -162,11 +154,15 @@ def compressor_step(fr: Frontier, ratio: int, n0: int, kv: mx.array, score: mx.a
 # -- the model ----------------------------------------------------------------------------------
 
 class Model:
-    def __init__(self, weights: Weights, options: Options = Options()) -> None:
+    def __init__(self, weights: Weights, options: Options = Options(), kernels: Kernels | None = None) -> None:
         self.w = weights
         self.cfg = weights.cfg
         self.opt = options
         self.rope = Rope(self.cfg)
+        self.k = kernels or ReferenceKernels(weights)
+
+    def _lin(self, name: str):
+        return lambda x: self.k.linear(x, name)
 
     # The forward pass ------------------------------------------------------------------------
     def forward(self, ids: np.ndarray, state: ModelState, all_logits: bool = False) -> mx.array:
@@ -192,25 +188,25 @@ class Model:
     def _layer(self, i: int, X, ids, pos, tables, st: LayerState, p0: int) -> mx.array:
         w = self.w.get
         p = f"blk.{i}."
-        x, post, M = hc_pre(X, w(p + "hc_attn_fn.weight"), w(p + "hc_attn_scale.weight"), w(p + "hc_attn_base.weight"), self.cfg)
+        x, post, M = hc_pre(X, self._lin(p + "hc_attn_fn.weight"), w(p + "hc_attn_scale.weight"), w(p + "hc_attn_base.weight"), self.cfg)
         y = self._attention(i, x, pos, tables, st, p0)
         X = hc_post(y, X, post, M)
-        x, post, M = hc_pre(X, w(p + "hc_ffn_fn.weight"), w(p + "hc_ffn_scale.weight"), w(p + "hc_ffn_base.weight"), self.cfg)
+        x, post, M = hc_pre(X, self._lin(p + "hc_ffn_fn.weight"), w(p + "hc_ffn_scale.weight"), w(p + "hc_ffn_base.weight"), self.cfg)
         y = self._ffn(i, x, ids)
         return hc_post(y, X, post, M)
 
     # Attention -------------------------------------------------------------------------------
     def _attention(self, i: int, x: mx.array, pos: np.ndarray, tables, st: LayerState, p0: int) -> mx.array:
-        cfg, w, p = self.cfg, self.w.get, f"blk.{i}."
+        cfg, w, lin, p = self.cfg, self.w.get, self.k.linear, f"blk.{i}."
         T, H, D, R = x.shape[0], cfg.n_head, cfg.head_dim, cfg.n_rot
         ratio = cfg.ratio(i)
         cos, sin = tables[ratio != 0]
         a = rms_norm(x, w(p + "attn_norm.weight"), cfg.rms_eps)
-        qr = rms_norm(linear(a, w(p + "attn_q_a.weight")), w(p + "attn_q_a_norm.weight"), cfg.rms_eps)
-        q = linear(qr, w(p + "attn_q_b.weight")).reshape(T, H, D)
+        qr = rms_norm(lin(a, p + "attn_q_a.weight"), w(p + "attn_q_a_norm.weight"), cfg.rms_eps)
+        q = lin(qr, p + "attn_q_b.weight").reshape(T, H, D)
         q = rms_norm(q, None, cfg.rms_eps)  # per-head, no weight
         q = Rope.apply(mx.swapaxes(q, 0, 1), cos, sin, R)  # (H, T, D)
-        kv = rms_norm(linear(a, w(p + "attn_kv.weight")), w(p + "attn_kv_a_norm.weight"), cfg.rms_eps)
+        kv = rms_norm(lin(a, p + "attn_kv.weight"), w(p + "attn_kv_a_norm.weight"), cfg.rms_eps)
         kv = self._finish_kv(Rope.apply(kv, cos, sin, R))
 
         # Compressed rows emitted by this batch, visible from their window's last token on.
@@ -238,23 +234,17 @@ class Model:
             mask = np.concatenate([visible, cvis], axis=1)
         st.raw = mx.concatenate([st.raw, kv], axis=0)[-cfg.sliding_window :]
 
-        scores = (q @ keys.T) * (1.0 / math.sqrt(D))  # (H, T, N)
-        scores = mx.where(mx.array(mask)[None], scores, -mx.inf)
-        sink = w(p + "attn_sinks.weight").reshape(H, 1, 1)
-        m = mx.maximum(mx.max(scores, axis=-1, keepdims=True), sink)
-        ex = mx.exp(scores - m)
-        den = mx.exp(sink - m) + mx.sum(ex, axis=-1, keepdims=True)
-        out = (ex @ keys) / den  # (H, T, D): K = V
+        out = self.k.attend(q, keys, mask, w(p + "attn_sinks.weight"))  # (H, T, D): K = V
         out = Rope.apply(out, cos, sin, R, inverse=True)
         out = mx.swapaxes(out, 0, 1)  # (T, H, D)
 
         # Grouped projection: group g = contiguous heads, through rows g·rank..(g+1)·rank of
         # attn_output_a; not one big matmul over all heads.
         G, rank = cfg.n_out_group, cfg.o_lora_rank
-        wa = w(p + "attn_output_a.weight")
         grouped = out.reshape(T, G, -1)
-        low = mx.concatenate([linear(grouped[:, g], _rows(wa, g * rank, (g + 1) * rank)) for g in range(G)], axis=-1)
-        return linear(low, w(p + "attn_output_b.weight"))
+        low = mx.concatenate([lin(grouped[:, g], p + "attn_output_a.weight", (g * rank, (g + 1) * rank))
+                              for g in range(G)], axis=-1)
+        return lin(low, p + "attn_output_b.weight")
 
     def _finish_kv(self, rows: mx.array) -> mx.array:
         """KV cache rounding: FP8 on the non-RoPE dims, then f16 (spec §3.4c)."""
@@ -268,8 +258,8 @@ class Model:
         T = a.shape[0]
         ape = w(p + f"{prefix}_ape.weight")  # (ratio, W), indexed by position % ratio
         phase = mx.array((np.arange(p0, p0 + T) % ratio).astype(np.int32))
-        kv = linear(a, w(p + f"{prefix}_kv.weight"))
-        sc = linear(a, w(p + f"{prefix}_gate.weight")) + ape[phase]
+        kv = self.k.linear(a, p + f"{prefix}_kv.weight")
+        sc = self.k.linear(a, p + f"{prefix}_gate.weight") + ape[phase]
         pooled, fr, start = compressor_step(fr, ratio, p0, kv, sc)
         return rms_norm(pooled, w(p + f"{prefix}_norm.weight"), self.cfg.rms_eps), fr, start
 
@@ -291,12 +281,12 @@ class Model:
             return None
         cos, sin = table
         T = a.shape[0]
-        qi = linear(qr, w(p + "indexer.attn_q_b.weight")).reshape(T, Hi, Di)
+        qi = self.k.linear(qr, p + "indexer.attn_q_b.weight").reshape(T, Hi, Di)
         qi = mx.swapaxes(Rope.apply(mx.swapaxes(qi, 0, 1), cos, sin, R), 0, 1)  # (T, Hi, Di)
         if self.opt.qat_sim:
             qi = qat.indexer_round(qi)
-        wi = linear(a, w(p + "indexer.proj.weight")) * (1.0 / math.sqrt(Di * Hi))  # (T, Hi)
-        dots = mx.maximum(qi @ st.idx_comp.T, 0.0)  # (T, Hi, C): relu before weighting
+        wi = self.k.linear(a, p + "indexer.proj.weight") * (1.0 / math.sqrt(Di * Hi))  # (T, Hi)
+        dots = mx.maximum(self.k.matmul(qi, st.idx_comp.T), 0.0)  # (T, Hi, C): relu before weighting
         scores = np.array(mx.sum(dots * wi[:, :, None], axis=1))  # (T, C)
         C = scores.shape[1]
         cols = np.arange(C)
@@ -312,7 +302,7 @@ class Model:
     def _ffn(self, i: int, x: mx.array, ids: np.ndarray) -> mx.array:
         cfg, w, p = self.cfg, self.w.get, f"blk.{i}."
         f = rms_norm(x, w(p + "ffn_norm.weight"), cfg.rms_eps)
-        logits = linear(f, w(p + "ffn_gate_inp.weight"))
+        logits = self.k.linear(f, p + "ffn_gate_inp.weight")
         prob = mx.sqrt(mx.where(logits > 20, logits, mx.where(logits < -20, mx.exp(logits), mx.log1p(mx.exp(logits)))))
         k = cfg.n_expert_used
         if cfg.is_hash_layer(i):
@@ -327,35 +317,18 @@ class Model:
         weights = chosen * cfg.expert_weights_scale  # (T, k)
 
         clamp = cfg.swiglu_clamp[i]
-        routed = mx.zeros_like(f)
-        for e in np.unique(sel):
-            t_idx, slot = np.nonzero(sel == e)
-            fe = f[mx.array(t_idx)]
-            g = linear(fe, self.w.expert(i, "gate", int(e)))
-            u = linear(fe, self.w.expert(i, "up", int(e)))
-            mid = self._swiglu(g, u, clamp) * weights[mx.array(t_idx), mx.array(slot)][:, None]
-            out = linear(mid, self.w.expert(i, "down", int(e)))
-            routed = routed.at[mx.array(t_idx)].add(out)
-            # Evaluate expert by expert: a lazy graph over all experts of a prefill batch would
-            # hold every dequantised expert at once (256 x 96 MiB per layer on the real model).
-            mx.eval(routed)
-        g = linear(f, w(p + "ffn_gate_shexp.weight"))
-        u = linear(f, w(p + "ffn_up_shexp.weight"))
-        shared = linear(self._swiglu(g, u, clamp), w(p + "ffn_down_shexp.weight"))
+        routed = self.k.experts(i, f, sel, weights, clamp)
+        g = self.k.linear(f, p + "ffn_gate_shexp.weight")
+        u = self.k.linear(f, p + "ffn_up_shexp.weight")
+        shared = self.k.linear(swiglu(g, u, clamp), p + "ffn_down_shexp.weight")
         return routed + shared
-
-    @staticmethod
-    def _swiglu(g: mx.array, u: mx.array, clamp: float) -> mx.array:
-        g = mx.minimum(g, clamp)  # gate: upper clamp only
-        u = mx.clip(u, -clamp, clamp)
-        return g * mx.sigmoid(g) * u
 
     # Output head -----------------------------------------------------------------------------
     def _head(self, X: mx.array) -> mx.array:
         cfg, w = self.cfg, self.w.get
         T, hc, E = X.shape
         flat = rms_norm(X.reshape(T, hc * E), None, cfg.rms_eps)
-        pre = linear(flat, w("output_hc_fn.weight"))
+        pre = self.k.linear(flat, "output_hc_fn.weight")
         wts = mx.sigmoid(pre * w("output_hc_scale.weight")[0] + w("output_hc_base.weight")) + cfg.hc_eps
         e = mx.sum(wts[:, :, None] * X, axis=1)
-        return linear(rms_norm(e, w("output_norm.weight"), cfg.rms_eps), w("output.weight"))
+        return self.k.linear(rms_norm(e, w("output_norm.weight"), cfg.rms_eps), "output.weight")

@@ -16,7 +16,8 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as Q
 from gguf.quants import IQ2_XXS as _GGUF_IQ2_XXS
 
 
-def _iq2xxs_tables() -> tuple[mx.array, mx.array]:
+def iq2xxs_tables() -> tuple[np.ndarray, np.ndarray]:
+    """The IQ2_XXS grid (256, 8) and sign patterns expanded to ±1.0 (128, 8), float32."""
     if _GGUF_IQ2_XXS.grid is None:
         _GGUF_IQ2_XXS.init_grid()
     grid = np.asarray(_GGUF_IQ2_XXS.grid, dtype=np.float32).reshape(256, 8)
@@ -24,10 +25,10 @@ def _iq2xxs_tables() -> tuple[mx.array, mx.array]:
     # Expand each 8-bit sign pattern to ±1.0 per lane once, so dequantising is a gather.
     bits = (ksigns[:, None] >> np.arange(8, dtype=np.uint8)[None, :]) & 1
     signs = np.where(bits == 0, np.float32(1), np.float32(-1)).astype(np.float32)
-    return mx.array(grid), mx.array(signs)
+    return np.ascontiguousarray(grid), np.ascontiguousarray(signs)
 
 
-_IQ2_GRID, _IQ2_SIGNS = _iq2xxs_tables()
+_IQ2_GRID, _IQ2_SIGNS = (mx.array(t) for t in iq2xxs_tables())
 
 
 def _f16(lo: mx.array, hi: mx.array) -> mx.array:

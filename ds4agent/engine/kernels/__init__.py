@@ -1,0 +1,69 @@
+"""Kernels: the few products that dominate a token, behind one interface.
+
+Every implementation provides the same four operations (see ReferenceKernels for the exact
+definitions); the model calls nothing else for its heavy work:
+
+* ``linear(x, name, rows=None)``: activations times a GGUF weight matrix (or a row range of it);
+* ``experts(layer, x, sel, weights, clamp)``: the fused routed-expert FFN of one layer;
+* ``attend(q, keys, mask, sinks)``: softmax attention with per-head sinks over shared K=V rows;
+* ``matmul(a, b)``: a product of two activation tensors (indexer scores).
+
+Implementations: ``reference`` (MLX ops, any device), ``cpu`` (cpu.c, native SIMD + OpenMP,
+weights read in place from the mmap), ``metal`` and ``cuda`` (custom MLX kernels, see gpu.py).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Protocol
+
+import mlx.core as mx
+import numpy as np
+
+from ..weights import Weights
+
+CHOICES = ("auto", "reference", "cpu", "metal", "cuda")
+
+
+class Kernels(Protocol):
+    name: str
+
+    def linear(self, x: mx.array, name: str, rows: tuple[int, int] | None = None) -> mx.array: ...
+
+    def experts(self, layer: int, x: mx.array, sel: np.ndarray, weights: mx.array, clamp: float) -> mx.array: ...
+
+    def attend(self, q: mx.array, keys: mx.array, mask: np.ndarray, sinks: mx.array) -> mx.array: ...
+
+    def matmul(self, a: mx.array, b: mx.array) -> mx.array: ...
+
+
+class KernelError(ValueError):
+    """Requested kernels that cannot run here; one line."""
+
+
+def select(backend: str, weights: Weights, requested: str | None = None) -> tuple[Kernels, str | None]:
+    """Kernels for ``backend`` (cpu/metal/cuda). ``requested`` (default: $DS4_KERNELS or auto)
+    names an implementation; auto takes the fast one for the backend and falls back to the
+    reference with a note (the second value) when it cannot be used."""
+    from .reference import ReferenceKernels
+
+    requested = requested or os.environ.get("DS4_KERNELS") or "auto"
+    if requested not in CHOICES:
+        raise KernelError(f"unknown kernels {requested!r} (choose from {', '.join(CHOICES)})")
+    if requested == "reference":
+        return ReferenceKernels(weights), None
+    want = backend if requested == "auto" else requested
+    if want != backend:
+        raise KernelError(f"{want} kernels need the {want} backend (the engine runs on {backend})")
+    try:
+        if want == "cpu":
+            from .cpu import CpuKernels
+
+            return CpuKernels(weights), None
+        from .gpu import GpuKernels
+
+        return GpuKernels(weights, want), None
+    except Exception as e:  # a compiler, a GPU library or a format the kernels do not cover
+        if requested != "auto":
+            raise KernelError(f"{want} kernels unavailable: {e}") from None
+        return ReferenceKernels(weights), f"{want} kernels unavailable ({e}); using the MLX reference path"

@@ -1,0 +1,363 @@
+/* ds4agent CPU kernels: matrix products that read GGUF block formats in place.
+ *
+ * Weights are never copied out of the model file: every function takes a pointer into the
+ * mmap and dequantises a few rows at a time into a small per-thread buffer (L1/L2 sized),
+ * then takes dot products against every token's activation row. On decode (one token) the
+ * cost is the bytes of the weights, as in any memory-bound engine; on prefill each dequantised
+ * row is reused by every token of the batch.
+ *
+ * Numerics. The dequantisers perform the same float32 operations in the same order as the
+ * `gguf` package (no fused multiply-add: compiled with -ffp-contract=off), so ds4_dequant()
+ * is bit-exact with gguf.quants.dequantize (tests/test_kernels.py). Dot products accumulate in
+ * float32 in SIMD lanes, so products agree with the MLX reference to rounding, not bitwise.
+ *
+ * Compiled at first use by kernels/cpu.py (cc -O3 -march=native -fopenmp when available).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__AVX512F__) || defined(__AVX2__) || defined(__F16C__)
+#include <immintrin.h>
+#endif
+#if defined(__ARM_NEON)
+#include <arm_neon.h>
+#endif
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+enum { T_F32 = 0, T_F16 = 1, T_Q8_0 = 8, T_Q2_K = 10, T_Q4_K = 12, T_IQ2_XXS = 16 };
+
+/* IQ2_XXS lookup tables, handed over at load from the gguf package (never in our source):
+ * 256 grid rows of 8 magnitudes and 128 sign patterns expanded to +-1.0 per lane. */
+static float IQ2_GRID[256 * 8];
+static float IQ2_SIGNS[128 * 8];
+
+void ds4_set_iq2_tables(const float *grid, const float *signs) {
+    memcpy(IQ2_GRID, grid, sizeof IQ2_GRID);
+    memcpy(IQ2_SIGNS, signs, sizeof IQ2_SIGNS);
+}
+
+int ds4_threads(void) {
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+void ds4_set_threads(int n) {
+#ifdef _OPENMP
+    if (n > 0) omp_set_num_threads(n);
+#else
+    (void)n;
+#endif
+}
+
+/* IEEE half -> float, exact for every input (subnormals, infinities, NaN payloads). */
+static inline float h2f(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ffu, bits;
+    if (exp == 0) {
+        if (man == 0) {
+            bits = sign;
+        } else {
+            int e = -1;
+            do { e++; man <<= 1; } while (!(man & 0x400u));
+            bits = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3ffu) << 13);
+        }
+    } else if (exp == 31) {
+        bits = sign | 0x7f800000u | (man << 13);
+    } else {
+        bits = sign | ((exp + 112) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static inline uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+
+/* -- dequantisers: one row of n elements (a whole number of blocks) ------------------------ */
+
+static void deq_f32(const uint8_t *src, float *dst, int64_t n) { memcpy(dst, src, (size_t)n * 4); }
+
+static void deq_f16(const uint8_t *src, float *dst, int64_t n) {
+    int64_t i = 0;
+#if defined(__F16C__)
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + 2 * i))));
+#endif
+    for (; i < n; i++) dst[i] = h2f(rd16(src + 2 * i));
+}
+
+static void deq_q8_0(const uint8_t *src, float *dst, int64_t n) {
+    for (int64_t b = 0; b < n / 32; b++, src += 34, dst += 32) {
+        const float d = h2f(rd16(src));
+        const int8_t *q = (const int8_t *)(src + 2);
+#if defined(__AVX2__)
+        const __m256 dv = _mm256_set1_ps(d);
+        for (int l = 0; l < 32; l += 8) {
+            const __m256i qi = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + l)));
+            _mm256_storeu_ps(dst + l, _mm256_mul_ps(_mm256_cvtepi32_ps(qi), dv));
+        }
+#else
+        for (int l = 0; l < 32; l++) dst[l] = (float)q[l] * d;
+#endif
+    }
+}
+
+static void deq_q2_k(const uint8_t *src, float *dst, int64_t n) {
+    for (int64_t b = 0; b < n / 256; b++, src += 84, dst += 256) {
+        const uint8_t *sc = src, *qs = src + 16;
+        const float d = h2f(rd16(src + 80)), dmin = h2f(rd16(src + 82));
+        /* element 128h + 32j + l: bits 2j of qs[32h + l]; scale group = element / 16 */
+        for (int h = 0; h < 2; h++)
+            for (int j = 0; j < 4; j++)
+                for (int half = 0; half < 2; half++) {
+                    const int g = 8 * h + 2 * j + half;
+                    const float dl = d * (float)(sc[g] & 0xF), ml = dmin * (float)(sc[g] >> 4);
+                    float *y = dst + 16 * g;
+                    const uint8_t *q = qs + 32 * h + 16 * half;
+#if defined(__AVX2__)
+                    const __m256 dv = _mm256_set1_ps(dl), mv = _mm256_set1_ps(ml);
+                    const __m128i bytes = _mm_and_si128(_mm_srl_epi16(_mm_loadu_si128((const __m128i *)q), _mm_cvtsi32_si128(2 * j)),
+                                                        _mm_set1_epi8(3));
+                    const __m256 lo = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
+                    const __m256 hi = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8)));
+                    _mm256_storeu_ps(y, _mm256_sub_ps(_mm256_mul_ps(dv, lo), mv));
+                    _mm256_storeu_ps(y + 8, _mm256_sub_ps(_mm256_mul_ps(dv, hi), mv));
+#else
+                    for (int l = 0; l < 16; l++) y[l] = dl * (float)((q[l] >> (2 * j)) & 3) - ml;
+#endif
+                }
+    }
+}
+
+static void deq_q4_k(const uint8_t *src, float *dst, int64_t n) {
+    for (int64_t b = 0; b < n / 256; b++, src += 144, dst += 256) {
+        const float d = h2f(rd16(src)), dmin = h2f(rd16(src + 2));
+        const uint8_t *s = src + 4, *qs = src + 16;
+        for (int j = 0; j < 8; j++) {
+            int sc, mn;
+            if (j < 4) {
+                sc = s[j] & 63;
+                mn = s[j + 4] & 63;
+            } else {
+                sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
+                mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+            }
+            const float dl = d * (float)sc, ml = dmin * (float)mn;
+            const uint8_t *q = qs + 32 * (j / 2);
+            const int shift = 4 * (j & 1);  /* low nibbles: even sub-block, high: odd */
+            float *y = dst + 32 * j;
+#if defined(__AVX2__)
+            const __m256 dv = _mm256_set1_ps(dl), mv = _mm256_set1_ps(ml);
+            for (int l = 0; l < 32; l += 16) {
+                const __m128i bytes = _mm_and_si128(_mm_srl_epi16(_mm_loadu_si128((const __m128i *)(q + l)), _mm_cvtsi32_si128(shift)),
+                                                    _mm_set1_epi8(0xF));
+                const __m256 lo = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
+                const __m256 hi = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8)));
+                _mm256_storeu_ps(y + l, _mm256_sub_ps(_mm256_mul_ps(dv, lo), mv));
+                _mm256_storeu_ps(y + l + 8, _mm256_sub_ps(_mm256_mul_ps(dv, hi), mv));
+            }
+#else
+            for (int l = 0; l < 32; l++) y[l] = dl * (float)((q[l] >> shift) & 0xF) - ml;
+#endif
+        }
+    }
+}
+
+static void deq_iq2_xxs(const uint8_t *src, float *dst, int64_t n) {
+    for (int64_t b = 0; b < n / 256; b++, src += 66, dst += 256) {
+        const float d = h2f(rd16(src));
+        for (int g = 0; g < 8; g++) {
+            const uint8_t *a0 = src + 2 + 8 * g;
+            uint32_t a1;
+            memcpy(&a1, a0 + 4, 4);
+            const float db = d * (0.5f + (float)(a1 >> 28)) * 0.25f;
+            for (int l = 0; l < 4; l++) {
+                const float *grid = IQ2_GRID + 8 * a0[l];
+                const float *sign = IQ2_SIGNS + 8 * ((a1 >> (7 * l)) & 127);
+                float *y = dst + 32 * g + 8 * l;
+#if defined(__AVX2__)
+                _mm256_storeu_ps(y, _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(db), _mm256_loadu_ps(grid)),
+                                                  _mm256_loadu_ps(sign)));
+#else
+                for (int k = 0; k < 8; k++) y[k] = db * grid[k] * sign[k];
+#endif
+            }
+        }
+    }
+}
+
+typedef void (*deq_fn)(const uint8_t *, float *, int64_t);
+
+static deq_fn dequantiser(int type) {
+    switch (type) {
+    case T_F32: return deq_f32;
+    case T_F16: return deq_f16;
+    case T_Q8_0: return deq_q8_0;
+    case T_Q2_K: return deq_q2_k;
+    case T_Q4_K: return deq_q4_k;
+    case T_IQ2_XXS: return deq_iq2_xxs;
+    default: return 0;
+    }
+}
+
+/* Dequantise `rows` rows of n elements each (row_bytes apart). Returns -1 on unknown type. */
+int ds4_dequant(const uint8_t *src, int type, int64_t row_bytes, int64_t rows, int64_t n, float *dst) {
+    deq_fn f = dequantiser(type);
+    if (!f) return -1;
+    for (int64_t r = 0; r < rows; r++) f(src + r * row_bytes, dst + r * n, n);
+    return 0;
+}
+
+/* -- dot products: 4 weight rows against one activation row ------------------------------- */
+
+static inline void dot4(const float *w, int64_t n, const float *x, float out[4]) {
+    const float *w0 = w, *w1 = w + n, *w2 = w + 2 * n, *w3 = w + 3 * n;
+    int64_t k = 0;
+    float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+#if defined(__AVX512F__)
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (; k + 16 <= n; k += 16) {
+        const __m512 xv = _mm512_loadu_ps(x + k);
+        a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w0 + k), xv, a0);
+        a1 = _mm512_fmadd_ps(_mm512_loadu_ps(w1 + k), xv, a1);
+        a2 = _mm512_fmadd_ps(_mm512_loadu_ps(w2 + k), xv, a2);
+        a3 = _mm512_fmadd_ps(_mm512_loadu_ps(w3 + k), xv, a3);
+    }
+    s0 = _mm512_reduce_add_ps(a0); s1 = _mm512_reduce_add_ps(a1);
+    s2 = _mm512_reduce_add_ps(a2); s3 = _mm512_reduce_add_ps(a3);
+#elif defined(__AVX2__) && defined(__FMA__)
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (; k + 8 <= n; k += 8) {
+        const __m256 xv = _mm256_loadu_ps(x + k);
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w0 + k), xv, a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w1 + k), xv, a1);
+        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(w2 + k), xv, a2);
+        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(w3 + k), xv, a3);
+    }
+    float t[8];
+    _mm256_storeu_ps(t, a0); for (int i = 0; i < 8; i++) s0 += t[i];
+    _mm256_storeu_ps(t, a1); for (int i = 0; i < 8; i++) s1 += t[i];
+    _mm256_storeu_ps(t, a2); for (int i = 0; i < 8; i++) s2 += t[i];
+    _mm256_storeu_ps(t, a3); for (int i = 0; i < 8; i++) s3 += t[i];
+#elif defined(__ARM_NEON)
+    float32x4_t a0 = vdupq_n_f32(0), a1 = a0, a2 = a0, a3 = a0;
+    for (; k + 4 <= n; k += 4) {
+        const float32x4_t xv = vld1q_f32(x + k);
+        a0 = vfmaq_f32(a0, vld1q_f32(w0 + k), xv);
+        a1 = vfmaq_f32(a1, vld1q_f32(w1 + k), xv);
+        a2 = vfmaq_f32(a2, vld1q_f32(w2 + k), xv);
+        a3 = vfmaq_f32(a3, vld1q_f32(w3 + k), xv);
+    }
+    s0 = vaddvq_f32(a0); s1 = vaddvq_f32(a1); s2 = vaddvq_f32(a2); s3 = vaddvq_f32(a3);
+#endif
+    for (; k < n; k++) {
+        s0 += w0[k] * x[k]; s1 += w1[k] * x[k]; s2 += w2[k] * x[k]; s3 += w3[k] * x[k];
+    }
+    out[0] = s0; out[1] = s1; out[2] = s2; out[3] = s3;
+}
+
+/* Rows per work item. Decode wants many small items so both cores stream weights; prefill
+ * wants each dequantised block reused across the batch while it sits in L2. */
+static int row_block(int64_t T, int64_t n) {
+    int rb = T > 1 ? 16 : 4;
+    while (rb > 4 && (int64_t)rb * n * 4 > (256 << 10)) rb /= 2;
+    return rb;
+}
+
+/* Y[t, r] = sum_k X[t, k] W[r, k] for r in [0, out): W has `out` rows of row_bytes packed bytes
+ * holding n elements each. X rows are x_stride floats apart, Y rows y_stride. */
+static void matmul(const uint8_t *W, deq_fn deq, int64_t row_bytes, int64_t out, int64_t n,
+                   const float *X, int64_t x_stride, int64_t T, float *Y, int64_t y_stride) {
+    const int rb = row_block(T, n);
+    const int64_t blocks = (out + rb - 1) / rb;
+    const int parallel = out * n >= (1 << 16);
+    (void)parallel;
+#pragma omp parallel if (parallel)
+    {
+        float *buf = (float *)aligned_alloc(64, (((size_t)rb * n * 4) + 63) / 64 * 64);
+#pragma omp for schedule(static)
+        for (int64_t b = 0; b < blocks; b++) {
+            const int64_t r0 = b * rb, nr = out - r0 < rb ? out - r0 : rb;
+            for (int64_t r = 0; r < nr; r++) deq(W + (r0 + r) * row_bytes, buf + r * n, n);
+            /* a partial last block is padded by repeating its first row (results dropped) */
+            for (int64_t r = nr; r < rb; r++) memcpy(buf + r * n, buf, (size_t)n * 4);
+            for (int64_t t = 0; t < T; t++) {
+                const float *x = X + t * x_stride;
+                float *y = Y + t * y_stride + r0;
+                for (int r = 0; r < rb; r += 4) {
+                    float s[4];
+                    dot4(buf + (int64_t)r * n, n, x, s);
+                    for (int i = 0; i < 4 && r + i < nr; i++) y[r + i] = s[i];
+                }
+            }
+        }
+        free(buf);
+    }
+}
+
+int ds4_matmul(const uint8_t *W, int type, int64_t row_bytes, int64_t out, int64_t n, const float *X,
+               int64_t T, float *Y) {
+    deq_fn deq = dequantiser(type);
+    if (!deq) return -1;
+    matmul(W, deq, row_bytes, out, n, X, n, T, Y, out);
+    return 0;
+}
+
+/* -- routed experts ----------------------------------------------------------------------- *
+ * For every expert chosen by some token, in ascending expert order (the reference's order of
+ * accumulation): gather those tokens' rows, gate and up products, clamped SwiGLU scaled by the
+ * routing weight, down product, added into Y. Only the chosen experts' rows are read. */
+int ds4_moe(const float *X, int64_t T, int64_t E, int64_t F, int64_t n_expert, int64_t k,
+            const int32_t *sel, const float *route_w,
+            const uint8_t *gate, const uint8_t *up, int gu_type, int64_t gu_row_bytes,
+            const uint8_t *down, int d_type, int64_t d_row_bytes, float clamp, float *Y) {
+    deq_fn deq_gu = dequantiser(gu_type), deq_d = dequantiser(d_type);
+    if (!deq_gu || !deq_d) return -1;
+    int64_t *count = calloc((size_t)n_expert + 1, sizeof *count);
+    int64_t *order = malloc((size_t)(T * k) * sizeof *order);
+    float *xs = malloc((size_t)(T * k * E) * sizeof *xs), *g = malloc((size_t)(T * k * F) * sizeof *g);
+    float *u = malloc((size_t)(T * k * F) * sizeof *u), *o = malloc((size_t)(T * k * E) * sizeof *o);
+    int rc = 0;
+    if (!count || !order || !xs || !g || !u || !o) { rc = -2; goto done; }
+    for (int64_t i = 0; i < T * k; i++) {
+        if (sel[i] < 0 || sel[i] >= n_expert) { rc = -3; goto done; }
+        count[sel[i] + 1]++;
+    }
+    for (int64_t e = 0; e < n_expert; e++) count[e + 1] += count[e];
+    {
+        int64_t *fill = calloc((size_t)n_expert, sizeof *fill);
+        if (!fill) { rc = -2; goto done; }
+        for (int64_t i = 0; i < T * k; i++) order[count[sel[i]] + fill[sel[i]]++] = i;  /* token-major */
+        free(fill);
+    }
+    for (int64_t e = 0; e < n_expert; e++) {
+        const int64_t lo = count[e], m = count[e + 1] - lo;
+        if (!m) continue;
+        for (int64_t j = 0; j < m; j++) memcpy(xs + j * E, X + (order[lo + j] / k) * E, (size_t)E * 4);
+        matmul(gate + e * F * gu_row_bytes, deq_gu, gu_row_bytes, F, E, xs, E, m, g, F);
+        matmul(up + e * F * gu_row_bytes, deq_gu, gu_row_bytes, F, E, xs, E, m, u, F);
+        for (int64_t j = 0; j < m; j++) {
+            const float w = route_w[order[lo + j]];
+            float *gj = g + j * F, *uj = u + j * F;
+            for (int64_t f = 0; f < F; f++) {
+                const float gv = gj[f] < clamp ? gj[f] : clamp;
+                const float uv = uj[f] < -clamp ? -clamp : (uj[f] > clamp ? clamp : uj[f]);
+                gj[f] = gv / (1.0f + expf(-gv)) * uv * w;
+            }
+        }
+        matmul(down + e * E * d_row_bytes, deq_d, d_row_bytes, E, F, g, F, m, o, E);
+        for (int64_t j = 0; j < m; j++) {
+            float *y = Y + (order[lo + j] / k) * E;
+            const float *oj = o + j * E;
+            for (int64_t c = 0; c < E; c++) y[c] += oj[c];
+        }
+    }
+done:
+    free(count); free(order); free(xs); free(g); free(u); free(o);
+    return rc;
+}

@@ -1,0 +1,149 @@
+"""Native CPU kernels (cpu.c through ctypes) for the three hot spots of a token.
+
+* linear: any GGUF matrix (F32, F16, Q8_0, Q2_K, Q4_K, IQ2_XXS) times activations, read in
+  place from the mmap: no repacked or dequantised copy of a weight is ever kept.
+* experts: the fused routed-expert FFN (gather, dequantise, gate/up, clamped SwiGLU, routing
+  weight, down, sum) in one call per layer.
+* attend / matmul: activation-by-activation products go to numpy's BLAS. MLX's CPU backend on
+  Linux ships a reference GEMM (about 4 GFLOP/s here against 77 for numpy's OpenBLAS), and
+  attention over a prefill chunk is a few GFLOP per layer.
+
+Everything else (norms, RoPE, hyper-connections, compressors) stays in MLX ops. ctypes drops
+the GIL for the duration of each call; OpenMP inside cpu.c uses every core.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+
+import mlx.core as mx
+import numpy as np
+from gguf.constants import GGMLQuantizationType as Q
+
+from ..quants import iq2xxs_tables
+from ..weights import Weights
+from .cpu_build import build
+
+SUPPORTED = frozenset({int(Q.F32), int(Q.F16), int(Q.Q8_0), int(Q.Q2_K), int(Q.Q4_K), int(Q.IQ2_XXS)})
+
+_P = ctypes.c_void_p
+_I = ctypes.c_int64
+_lib: ctypes.CDLL | None = None
+
+
+def library() -> ctypes.CDLL:
+    """The loaded kernel library (built on first use; raises cpu_build.BuildError)."""
+    global _lib
+    if _lib is None:
+        lib = build()
+        lib.ds4_dequant.argtypes = [_P, ctypes.c_int, _I, _I, _I, _P]
+        lib.ds4_matmul.argtypes = [_P, ctypes.c_int, _I, _I, _I, _P, _I, _P]
+        lib.ds4_moe.argtypes = [_P, _I, _I, _I, _I, _I, _P, _P, _P, _P, ctypes.c_int, _I, _P, ctypes.c_int, _I,
+                                ctypes.c_float, _P]
+        lib.ds4_set_iq2_tables.argtypes = [_P, _P]
+        lib.ds4_set_threads.argtypes = [ctypes.c_int]
+        grid, signs = iq2xxs_tables()
+        lib.ds4_set_iq2_tables(grid.ctypes.data, signs.ctypes.data)
+        if os.environ.get("DS4_THREADS", "").isdigit():
+            lib.ds4_set_threads(int(os.environ["DS4_THREADS"]))
+        _lib = lib
+    return _lib
+
+
+def set_threads(n: int) -> None:
+    library().ds4_set_threads(n)
+
+
+def threads() -> int:
+    return int(library().ds4_threads())
+
+
+def _f32(x: mx.array | np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(np.asarray(x, dtype=np.float32))
+
+
+def dequant(raw: np.ndarray, qtype: int, n: int) -> np.ndarray:
+    """Rows of packed blocks (rows, row_bytes) -> (rows, n) float32, through cpu.c."""
+    raw = np.ascontiguousarray(raw.view(np.uint8)).reshape(-1, raw.view(np.uint8).shape[-1])
+    out = np.empty((raw.shape[0], n), dtype=np.float32)
+    if library().ds4_dequant(raw.ctypes.data, int(qtype), raw.shape[1], raw.shape[0], n, out.ctypes.data):
+        raise ValueError(f"no CPU dequantiser for GGML type {qtype}")
+    return out
+
+
+def matmul_raw(raw: np.ndarray, qtype: int, n: int, x: np.ndarray) -> np.ndarray:
+    """x (T, n) @ Wᵀ for W = packed rows raw (out, row_bytes) of n elements each."""
+    raw = raw.view(np.uint8).reshape(raw.shape[0], -1)
+    if not raw.flags.c_contiguous:
+        raise ValueError("weight rows must be contiguous")
+    x = _f32(x)
+    y = np.empty((x.shape[0], raw.shape[0]), dtype=np.float32)
+    if library().ds4_matmul(raw.ctypes.data, int(qtype), raw.shape[1], raw.shape[0], n, x.ctypes.data, x.shape[0],
+                            y.ctypes.data):
+        raise ValueError(f"no CPU kernel for GGML type {qtype}")
+    return y
+
+
+def moe_raw(x: np.ndarray, sel: np.ndarray, route_w: np.ndarray, gate: np.ndarray, up: np.ndarray, gu_type: int,
+            down: np.ndarray, d_type: int, clamp: float) -> np.ndarray:
+    """The routed-expert FFN on raw expert tensors gate/up (n_exp, F, row_bytes) and down
+    (n_exp, E, row_bytes): x (T, E), sel/route_w (T, k) -> (T, E)."""
+    x = _f32(x)
+    T, E = x.shape
+    n_exp, F = gate.shape[0], gate.shape[1]
+    sel = np.ascontiguousarray(sel, dtype=np.int32)
+    route_w = _f32(route_w)
+    y = np.zeros((T, E), dtype=np.float32)
+    rc = library().ds4_moe(x.ctypes.data, T, E, F, n_exp, sel.shape[1], sel.ctypes.data, route_w.ctypes.data,
+                           gate.ctypes.data, up.ctypes.data, int(gu_type), gate.shape[-1],
+                           down.ctypes.data, int(d_type), down.shape[-1], clamp, y.ctypes.data)
+    if rc:
+        raise ValueError({-1: "unsupported expert type", -2: "out of memory", -3: "expert id out of range"}.get(rc, str(rc)))
+    return y
+
+
+def attend_np(q: np.ndarray, keys: np.ndarray, mask: np.ndarray, sinks: np.ndarray) -> np.ndarray:
+    """The reference attention (kernels.reference.attend_mx) in numpy: keys are shared by every
+    head (and are the values), so both products are one GEMM over all heads at once."""
+    H, T, D = q.shape
+    s = (q.reshape(H * T, D) @ keys.T).reshape(H, T, -1) * np.float32(1.0 / math.sqrt(D))
+    s = np.where(mask[None], s, np.float32(-np.inf))
+    sink = sinks.reshape(H, 1, 1).astype(np.float32)
+    m = np.maximum(s.max(axis=-1, keepdims=True), sink)
+    ex = np.exp(s - m)
+    den = np.exp(sink - m) + ex.sum(axis=-1, keepdims=True)
+    return ((ex.reshape(H * T, -1) @ keys).reshape(H, T, D) / den).astype(np.float32)
+
+
+class CpuKernels:
+    name = "cpu"
+
+    def __init__(self, weights: Weights) -> None:
+        self.w = weights
+        library()
+        for name, t in weights.file.tensors.items():
+            if name.endswith(".weight") and len(t.shape) >= 2 and t.type not in SUPPORTED and "tid2eid" not in name:
+                raise ValueError(f"{name}: GGML type {t.type_name} has no CPU kernel")
+
+    def linear(self, x: mx.array, name: str, rows: tuple[int, int] | None = None) -> mx.array:
+        t = self.w.file.tensors[name]
+        raw = self.w.file.array(name)
+        raw = raw.view(np.uint8).reshape(t.shape[0], -1)
+        if rows is not None:
+            raw = raw[rows[0] : rows[1]]
+        return mx.array(matmul_raw(raw, t.type, t.shape[-1], x))
+
+    def experts(self, layer: int, x: mx.array, sel: np.ndarray, weights: mx.array, clamp: float) -> mx.array:
+        f, p = self.w.file, f"blk.{layer}.ffn_"
+        gate, up, down = (f.array(p + k + "_exps.weight") for k in ("gate", "up", "down"))
+        y = moe_raw(np.asarray(x), sel, np.asarray(weights), gate, up, f.tensors[p + "gate_exps.weight"].type,
+                    down, f.tensors[p + "down_exps.weight"].type, clamp)
+        return mx.array(y)
+
+    def attend(self, q: mx.array, keys: mx.array, mask: np.ndarray, sinks: mx.array) -> mx.array:
+        return mx.array(attend_np(_f32(q), _f32(keys), mask, _f32(sinks)))
+
+    def matmul(self, a: mx.array, b: mx.array) -> mx.array:
+        return mx.array(np.matmul(_f32(a), _f32(b)))

@@ -1,0 +1,86 @@
+"""Compile cpu.c once per machine and load it with ctypes.
+
+The library is built for the CPU it runs on (-march=native: AVX-512, AVX2 or NEON dot products)
+and cached under the ds4agent home keyed by the source, the compiler, the flags and the CPU's
+feature list, so a home directory shared between machines never loads code built for another
+CPU. No compiler, or a failed build, means no native kernels: the caller falls back to the
+MLX reference path and says so once.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+SOURCE = Path(__file__).with_name("cpu.c")
+# -ffp-contract=off: the dequantisers must not fuse multiply-adds, or they stop matching gguf
+# bit for bit; the dot products use explicit FMA intrinsics instead.
+BASE_FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fPIC", "-shared", "-std=c11"]
+
+
+class BuildError(RuntimeError):
+    pass
+
+
+def _cache_dir() -> Path:
+    home = os.environ.get("DS4_HOME")
+    return (Path(home) if home else Path.home() / ".ds4agent") / "kernels"
+
+
+def _cpu_identity() -> str:
+    try:
+        text = Path("/proc/cpuinfo").read_text(errors="replace")
+        flags = next((ln for ln in text.splitlines() if ln.startswith(("flags", "Features"))), "")
+        model = next((ln for ln in text.splitlines() if ln.startswith("model name")), "")
+        return model + flags
+    except OSError:
+        return platform.processor() + platform.machine()
+
+
+def _compiler() -> str | None:
+    for cc in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if cc and shutil.which(cc):
+            return cc
+    return None
+
+
+def _compile(cc: str, flags: list[str], out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+    os.close(fd)
+    try:
+        r = subprocess.run([cc, *flags, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True)
+        if r.returncode:
+            raise BuildError(r.stderr.strip().splitlines()[-1] if r.stderr.strip() else f"{cc} failed")
+        os.replace(tmp, out)  # atomic: a concurrent process sees the old file or the whole new one
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def build() -> ctypes.CDLL:
+    """The compiled kernel library for this machine, building it on first use."""
+    cc = _compiler()
+    if cc is None:
+        raise BuildError("no C compiler found (install gcc or clang, or set CC)")
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
+    src = SOURCE.read_bytes()
+    errors = []
+    # OpenMP spreads rows over every core; without it (e.g. Apple clang) the kernels run on one.
+    for flags in (BASE_FLAGS + ["-fopenmp"], BASE_FLAGS):
+        key = hashlib.sha1(src + version.encode() + " ".join(flags).encode() + _cpu_identity().encode()).hexdigest()[:16]
+        path = _cache_dir() / f"cpu-{key}.so"
+        if not path.exists():
+            try:
+                _compile(cc, flags, path)
+            except (BuildError, OSError) as e:
+                errors.append(str(e))
+                continue
+        return ctypes.CDLL(str(path))
+    raise BuildError(f"could not build the CPU kernels: {errors[-1]}")

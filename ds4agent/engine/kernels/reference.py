@@ -1,0 +1,76 @@
+"""The reference kernels: plain MLX ops, runnable on every MLX device.
+
+This is the definition the fast paths are tested against (tests/test_kernels.py). Dense weights
+are materialised once by Weights.get (Q8_0 repacked losslessly for mx.quantized_matmul); routed
+experts are dequantised per chosen expert, never whole.
+"""
+
+from __future__ import annotations
+
+import math
+
+import mlx.core as mx
+import numpy as np
+
+from ..weights import QMatrix, Weights
+
+
+def swiglu(g: mx.array, u: mx.array, clamp: float) -> mx.array:
+    """DeepSeek V4's clamped SwiGLU: the gate is clamped from above only, up on both sides."""
+    g = mx.minimum(g, clamp)
+    u = mx.clip(u, -clamp, clamp)
+    return g * mx.sigmoid(g) * u
+
+
+def attend_mx(q: mx.array, keys: mx.array, mask: np.ndarray, sinks: mx.array) -> mx.array:
+    """Softmax attention with one learned sink logit per head; keys are also the values.
+
+    q (H, T, D), keys (N, D), mask (T, N) bool, sinks (H,) -> (H, T, D)."""
+    H, D = q.shape[0], q.shape[-1]
+    scores = (q @ keys.T) * (1.0 / math.sqrt(D))  # (H, T, N)
+    scores = mx.where(mx.array(mask)[None], scores, -mx.inf)
+    sink = sinks.reshape(H, 1, 1)
+    m = mx.maximum(mx.max(scores, axis=-1, keepdims=True), sink)
+    ex = mx.exp(scores - m)
+    den = mx.exp(sink - m) + mx.sum(ex, axis=-1, keepdims=True)
+    return (ex @ keys) / den
+
+
+class ReferenceKernels:
+    name = "reference"
+
+    def __init__(self, weights: Weights) -> None:
+        self.w = weights
+
+    def linear(self, x: mx.array, name: str, rows: tuple[int, int] | None = None) -> mx.array:
+        """x (T, in) @ W[rows]ᵀ for the GGUF matrix ``name`` (out, in)."""
+        w = self.w.get(name)
+        if rows is not None:
+            w = w.rows(*rows) if isinstance(w, QMatrix) else w[rows[0] : rows[1]]
+        if isinstance(w, QMatrix):
+            return w.matmul_t(x)
+        return x @ w.T
+
+    def experts(self, layer: int, x: mx.array, sel: np.ndarray, weights: mx.array, clamp: float) -> mx.array:
+        """Σ_slots weight · down(swiglu(gate·x, up·x)) over each token's chosen experts.
+
+        x (T, E), sel (T, k) expert ids, weights (T, k) -> (T, E)."""
+        routed = mx.zeros_like(x)
+        for e in np.unique(sel):
+            t_idx, slot = np.nonzero(sel == e)
+            xe = x[mx.array(t_idx)]
+            g = xe @ self.w.expert(layer, "gate", int(e)).T
+            u = xe @ self.w.expert(layer, "up", int(e)).T
+            mid = swiglu(g, u, clamp) * weights[mx.array(t_idx), mx.array(slot)][:, None]
+            routed = routed.at[mx.array(t_idx)].add(mid @ self.w.expert(layer, "down", int(e)).T)
+            # Evaluate expert by expert: a lazy graph over all experts of a prefill batch would
+            # hold every dequantised expert at once (256 x 96 MiB per layer on the real model).
+            mx.eval(routed)
+        return routed
+
+    def attend(self, q: mx.array, keys: mx.array, mask: np.ndarray, sinks: mx.array) -> mx.array:
+        return attend_mx(q, keys, mask, sinks)
+
+    def matmul(self, a: mx.array, b: mx.array) -> mx.array:
+        """A dense product of activations (a @ b), e.g. indexer queries against its rows."""
+        return a @ b

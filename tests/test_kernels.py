@@ -1,0 +1,219 @@
+"""The native CPU kernels (engine/kernels/cpu.c) against gguf and the MLX reference kernels.
+
+Dequantisation must be bit-exact with gguf.quants.dequantize; products agree with float64
+products of the same dequantised weights to float32 rounding; the fused expert FFN and the
+attention agree with the reference implementations; and a whole model run on either kernel
+set gives the same logits (to 1e-4) and the same greedy tokens.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from gguf.constants import GGMLQuantizationType as Q
+from gguf.quants import dequantize as oracle
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ds4agent.engine import Engine, SamplingParams
+from ds4agent.engine.gguf import GGUFFile
+from ds4agent.engine.kernels import cpu
+from ds4agent.engine.kernels.reference import ReferenceKernels, attend_mx
+from ds4agent.engine.quants import block_bytes
+
+QUANT = [Q.Q8_0, Q.Q2_K, Q.Q4_K, Q.IQ2_XXS]
+SCALE_OFFSETS = {Q.Q8_0: [0, 1], Q.Q2_K: [80, 81, 82, 83], Q.Q4_K: [0, 1, 2, 3], Q.IQ2_XXS: [0, 1]}
+ELEMS = {Q.Q8_0: 32, Q.Q2_K: 256, Q.Q4_K: 256, Q.IQ2_XXS: 256}
+
+
+def _blocks(qtype: Q, rows: int, blocks: int, seed: int, finite: bool = True) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, size=(rows, blocks * block_bytes(qtype)), dtype=np.uint8)
+    if finite:
+        view = raw.reshape(-1, block_bytes(qtype))
+        offs = SCALE_OFFSETS[qtype]
+        scales = rng.normal(0, 0.02, size=view.shape[0] * len(offs) // 2 + 1).astype("<f2").view(np.uint8)
+        view[:, offs] = scales[: view.shape[0] * len(offs)].reshape(view.shape[0], len(offs))
+    return raw
+
+
+def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+@pytest.mark.parametrize("qtype", QUANT)
+@settings(max_examples=30, deadline=None)
+@given(rows=st.integers(1, 5), blocks=st.integers(1, 4), seed=st.integers(0, 2**32 - 1), finite=st.booleans())
+def test_dequant_bit_exact_random_blocks(qtype: Q, rows: int, blocks: int, seed: int, finite: bool) -> None:
+    """Random bytes, including NaN/inf/subnormal f16 scales half of the time."""
+    raw = _blocks(qtype, rows, blocks, seed, finite)
+    with np.errstate(all="ignore"):
+        ref = oracle(raw, qtype)
+    assert _same_bits(cpu.dequant(raw, qtype, blocks * ELEMS[qtype]), ref)
+
+
+def test_dequant_plain_types_and_every_half() -> None:
+    every = np.arange(65536, dtype=np.uint16).view(np.float16)  # subnormals, inf, NaN payloads
+    got = cpu.dequant(every.view(np.uint8).reshape(1, -1), Q.F16, 65536)[0]
+    with np.errstate(all="ignore"):
+        ref = every.astype(np.float32)
+    finite = np.isfinite(ref)
+    assert _same_bits(got[finite], ref[finite])
+    assert np.array_equal(np.isnan(got), np.isnan(ref)) and np.array_equal(got[np.isinf(ref)], ref[np.isinf(ref)])
+    x = np.random.default_rng(1).normal(size=(3, 40)).astype(np.float32)
+    assert _same_bits(cpu.dequant(x.view(np.uint8), Q.F32, 40), x)
+    with pytest.raises(ValueError, match="type 6"):
+        cpu.dequant(np.zeros((1, 22), np.uint8), 6, 32)
+
+
+@pytest.mark.parametrize("qtype", QUANT + [Q.F16, Q.F32])
+@pytest.mark.parametrize("T", [1, 2, 5, 19])
+def test_matmul_matches_float64(qtype: Q, T: int) -> None:
+    """Row counts that are not a multiple of the row block; one token and batches."""
+    rng = np.random.default_rng(T)
+    n = 512 if qtype not in (Q.F16, Q.F32) else 72
+    out = 37
+    if qtype == Q.F16:
+        raw = rng.normal(size=(out, n)).astype(np.float16).view(np.uint8)
+    elif qtype == Q.F32:
+        raw = rng.normal(size=(out, n)).astype(np.float32).view(np.uint8)
+    else:
+        raw = _blocks(qtype, out, n // ELEMS[qtype], T)
+    w = oracle(raw, qtype).astype(np.float64).reshape(out, n)
+    x = rng.normal(size=(T, n)).astype(np.float32)
+    y = cpu.matmul_raw(raw, qtype, n, x)
+    ref = x.astype(np.float64) @ w.T
+    assert y.shape == (T, out) and y.dtype == np.float32
+    assert np.abs(y - ref).max() <= 1e-5 * np.abs(x).max() * np.abs(w).sum(axis=1).max()
+
+
+def test_demo_tensors_through_matmul(demo_path) -> None:
+    """Every weight matrix type of the demo through the kernel equals the MLX reference's product."""
+    with Engine.open(demo_path, backend="cpu", kernels="reference") as e:
+        ref = ReferenceKernels(e._model.w)
+        ours = cpu.CpuKernels(e._model.w)
+        x = mx.array(np.random.default_rng(0).normal(size=(3, 256)).astype(np.float32))
+        for name in ("blk.0.attn_q_a.weight", "blk.2.attn_kv.weight", "blk.2.attn_compressor_kv.weight",
+                     "blk.2.indexer.proj.weight", "blk.3.ffn_gate_inp.weight", "output.weight"):
+            a, b = np.array(ours.linear(x, name)), np.array(ref.linear(x, name))
+            assert np.abs(a - b).max() <= 1e-5 * np.abs(b).max(), name
+        # a row range (the grouped output projection)
+        xo = mx.array(np.random.default_rng(1).normal(size=(2, 512)).astype(np.float32))
+        a = np.array(ours.linear(xo, "blk.1.attn_output_a.weight", (128, 256)))
+        b = np.array(ref.linear(xo, "blk.1.attn_output_a.weight", (128, 256)))
+        assert a.shape == (2, 128) and np.abs(a - b).max() <= 1e-5 * np.abs(b).max()
+
+
+@pytest.mark.parametrize("T", [1, 7, 64])
+def test_fused_experts_match_reference(demo_path, T: int) -> None:
+    """Gather, dequantise, gate/up, clamped SwiGLU with routing weights, down, sum: one call
+    equals the reference's expert-by-expert MLX ops; tokens may share experts."""
+    with Engine.open(demo_path, backend="cpu", kernels="reference") as e:
+        w = e._model.w
+        rng = np.random.default_rng(T)
+        x = mx.array(rng.normal(size=(T, 256)).astype(np.float32) * 3)
+        sel = np.stack([rng.choice(16, size=2, replace=False) for _ in range(T)]).astype(np.int64)
+        weights = mx.array(rng.uniform(0.1, 1.0, size=(T, 2)).astype(np.float32))
+        for layer in (0, 3):
+            a = np.array(cpu.CpuKernels(w).experts(layer, x, sel, weights, 10.0))
+            b = np.array(ReferenceKernels(w).experts(layer, x, sel, weights, 10.0))
+            assert np.abs(a - b).max() <= 1e-5 * np.abs(b).max()
+
+
+def test_fused_experts_clamp_is_applied(demo_path) -> None:
+    """A small clamp changes the result exactly as the reference's clamped SwiGLU does."""
+    with Engine.open(demo_path, backend="cpu", kernels="reference") as e:
+        w = e._model.w
+        x = mx.array(np.random.default_rng(2).normal(size=(4, 256)).astype(np.float32) * 50)
+        sel = np.array([[0, 1], [2, 3], [0, 5], [7, 1]])
+        weights = mx.ones((4, 2))
+        loose, tight = (np.array(cpu.CpuKernels(w).experts(1, x, sel, weights, c)) for c in (1e4, 0.05))
+        ref = np.array(ReferenceKernels(w).experts(1, x, sel, weights, 0.05))
+        assert not np.allclose(loose, tight)
+        assert np.abs(tight - ref).max() <= 1e-5 * np.abs(ref).max()
+
+
+def test_experts_bad_ids_are_refused(demo_path) -> None:
+    with GGUFFile(demo_path) as f:
+        gate, up, down = (f.array(f"blk.0.ffn_{k}_exps.weight") for k in ("gate", "up", "down"))
+        x = np.zeros((1, 256), np.float32)
+        with pytest.raises(ValueError, match="out of range"):
+            cpu.moe_raw(x, np.array([[0, 16]]), np.ones((1, 2)), gate, up, Q.IQ2_XXS, down, Q.Q2_K, 10.0)
+
+
+@pytest.mark.parametrize("T,N", [(1, 40), (9, 80), (64, 300)])
+def test_attention_matches_reference(T: int, N: int) -> None:
+    rng = np.random.default_rng(N)
+    q = rng.normal(size=(4, T, 64)).astype(np.float32)
+    keys = rng.normal(size=(N, 64)).astype(np.float32)
+    mask = rng.random((T, N)) < 0.5
+    mask[:, 0] = True
+    sinks = rng.normal(size=4).astype(np.float32)
+    a = cpu.attend_np(q, keys, mask, sinks)
+    b = np.array(attend_mx(mx.array(q), mx.array(keys), mask, mx.array(sinks)))
+    assert np.abs(a - b).max() <= 1e-5 * np.abs(b).max()
+
+
+def test_model_cpu_kernels_equal_reference(demo_path) -> None:
+    """Prefill (chunks of 64 over ratio-4, ratio-128 and indexer selection), then greedy decode:
+    same logits to 1e-4 of their range, same tokens.
+
+    Run with the FP8 KV simulation off: the kernels never touch it (it is the same MLX code on
+    both sides), and with it on a one-ulp difference in summation order can move a cached value
+    across an FP8 step (1/16 of its magnitude), after which this random model's greedy text
+    diverges; that says nothing about the kernels."""
+    ids = np.random.default_rng(4).integers(0, 128000, 300).tolist()
+    runs = {}
+    for k in ("reference", "cpu"):
+        with Engine.open(demo_path, backend="cpu", ctx=1024, qat_sim=False, kernels=k) as e:
+            s = e.session()
+            s.prefill_chunk = 64
+            s.sync(ids)
+            first = np.array(s.logits)
+            toks = [st.token for st in s.generate(SamplingParams(temperature=0), max_tokens=12, stop_at_eos=False)]
+            runs[k] = (first, toks, np.array(s.logits))
+    (ra, ta, la), (rb, tb, lb) = runs["reference"], runs["cpu"]
+    assert np.abs(ra - rb).max() <= 1e-4 * np.abs(ra).max()
+    assert ta == tb
+    assert np.abs(la - lb).max() <= 1e-4 * np.abs(la).max()
+
+
+def test_kernel_selection(demo_path, monkeypatch) -> None:
+    from ds4agent.engine import EngineError
+    from ds4agent.engine.kernels import cpu_build
+
+    with Engine.open(demo_path, backend="cpu") as e:
+        assert e.info.kernels == "cpu" and e.info.kernel_note is None
+    monkeypatch.setenv("DS4_KERNELS", "reference")
+    with Engine.open(demo_path, backend="cpu") as e:
+        assert e.info.kernels == "reference"
+    monkeypatch.delenv("DS4_KERNELS")
+    with pytest.raises(EngineError, match="unknown kernels 'fast'"):
+        Engine.open(demo_path, backend="cpu", kernels="fast")
+    with pytest.raises(EngineError, match="metal kernels need the metal backend"):
+        Engine.open(demo_path, backend="cpu", kernels="metal")
+    # No compiler: auto falls back to the reference with a note; asking for cpu is an error.
+    monkeypatch.setattr(cpu, "_lib", None)
+    monkeypatch.setattr(cpu_build, "_compiler", lambda: None)
+    with Engine.open(demo_path, backend="cpu") as e:
+        assert e.info.kernels == "reference" and "no C compiler" in e.info.kernel_note
+    with pytest.raises(EngineError, match="cpu kernels unavailable: no C compiler"):
+        Engine.open(demo_path, backend="cpu", kernels="cpu")
+
+
+def test_build_is_cached_per_machine(tmp_path, monkeypatch) -> None:
+    """The library is compiled once into the ds4agent home and reused; a corrupt cache entry
+    (another machine's build) is keyed differently because the CPU identity is in the key."""
+    from ds4agent.engine.kernels import cpu_build
+
+    monkeypatch.setenv("DS4_HOME", str(tmp_path))
+    lib = cpu_build.build()
+    built = list((tmp_path / "kernels").glob("cpu-*.so"))
+    assert len(built) == 1 and lib is not None
+    stamp = built[0].stat().st_mtime_ns
+    cpu_build.build()
+    assert built[0].stat().st_mtime_ns == stamp
+    monkeypatch.setattr(cpu_build, "_cpu_identity", lambda: "another cpu")
+    cpu_build.build()
+    assert len(list((tmp_path / "kernels").glob("cpu-*.so"))) == 2
