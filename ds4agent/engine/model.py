@@ -81,21 +81,41 @@ class Rope:
 
 # -- hyper-connections --------------------------------------------------------------------------
 
+def _hc_weights(mix: mx.array, scale: mx.array, base: mx.array, hc: int, eps: float, iters: int):
+    """The hyper-connection weights from the mixing projection: pre (T, hc), post (T, hc) and
+    the Sinkhorn-balanced comb (T, hc, hc)."""
+    pre = mx.sigmoid(mix[:, :hc] * scale[0] + base[:hc]) + eps
+    post = 2.0 * mx.sigmoid(mix[:, hc : 2 * hc] * scale[1] + base[hc : 2 * hc])
+    M = (mix[:, 2 * hc :] * scale[2] + base[2 * hc :]).reshape(-1, hc, hc)  # M[t, src, dst]
+    M = mx.softmax(M, axis=-1) + eps
+    M = M / (mx.sum(M, axis=-2, keepdims=True) + eps)
+    for _ in range(iters - 1):
+        M = M / (mx.sum(M, axis=-1, keepdims=True) + eps)
+        M = M / (mx.sum(M, axis=-2, keepdims=True) + eps)
+    return pre, post, M
+
+
+# Some 80 tiny ops per call, twice per layer: compiled into a few fused kernels (the same
+# arithmetic; tests compare against the plain function). hc, eps and iters are constants of
+# a model, so they are closed over rather than traced.
+_hc_compiled: dict[tuple[int, float, int], object] = {}
+
+
+def hc_weights(mix: mx.array, scale: mx.array, base: mx.array, cfg: ModelConfig):
+    key = (cfg.hc_count, cfg.hc_eps, cfg.hc_sinkhorn_iters)
+    fn = _hc_compiled.get(key)
+    if fn is None:
+        fn = _hc_compiled[key] = mx.compile(lambda m, s, b: _hc_weights(m, s, b, *key))
+    return fn(mix, scale, base)
+
+
 def hc_pre(X: mx.array, project, scale: mx.array, base: mx.array, cfg: ModelConfig):
     """X (T, hc, E) -> sublayer input (T, E), post (T, hc), comb (T, hc, hc); ``project`` is
     the mixing matrix as a function of the normalised flat streams."""
     T, hc, E = X.shape
     flat = rms_norm(X.reshape(T, hc * E), None, cfg.rms_eps)
     mix = project(flat)  # (T, (2+hc)·hc)
-    eps = cfg.hc_eps
-    pre = mx.sigmoid(mix[:, :hc] * scale[0] + base[:hc]) + eps
-    post = 2.0 * mx.sigmoid(mix[:, hc : 2 * hc] * scale[1] + base[hc : 2 * hc])
-    M = (mix[:, 2 * hc :] * scale[2] + base[2 * hc :]).reshape(T, hc, hc)  # M[t, src, dst]
-    M = mx.softmax(M, axis=-1) + eps
-    M = M / (mx.sum(M, axis=-2, keepdims=True) + eps)
-    for _ in range(cfg.hc_sinkhorn_iters - 1):
-        M = M / (mx.sum(M, axis=-1, keepdims=True) + eps)
-        M = M / (mx.sum(M, axis=-2, keepdims=True) + eps)
+    pre, post, M = hc_weights(mix, scale, base, cfg)
     x = mx.sum(pre[:, :, None] * X, axis=1)
     return x, post, M
 

@@ -8,8 +8,10 @@ definitions); the model calls nothing else for its heavy work:
 * ``attend(q, keys, mask, sinks)``: softmax attention with per-head sinks over shared K=V rows;
 * ``matmul(a, b)``: a product of two activation tensors (indexer scores).
 
-Implementations: ``reference`` (MLX ops, any device), ``cpu`` (cpu.c, native SIMD + OpenMP,
-weights read in place from the mmap), ``metal`` and ``cuda`` (custom MLX kernels, see gpu.py).
+Implementations: ``reference`` (MLX ops, any device); ``cpu`` (cpu.c: native SIMD + OpenMP,
+weights read in place from the mmap, activations of decode-sized products rounded to 8 bits
+for integer dot products) and ``cpu-exact`` (the same with float32 activations throughout);
+``metal`` and ``cuda`` (custom MLX kernels, see gpu.py).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import numpy as np
 
 from ..weights import Weights
 
-CHOICES = ("auto", "reference", "cpu", "metal", "cuda")
+CHOICES = ("auto", "reference", "cpu", "cpu-exact", "metal", "cuda")
 
 
 class Kernels(Protocol):
@@ -52,14 +54,14 @@ def select(backend: str, weights: Weights, requested: str | None = None) -> tupl
         raise KernelError(f"unknown kernels {requested!r} (choose from {', '.join(CHOICES)})")
     if requested == "reference":
         return ReferenceKernels(weights), None
-    want = backend if requested == "auto" else requested
+    want = backend if requested == "auto" else requested.removesuffix("-exact")
     if want != backend:
         raise KernelError(f"{want} kernels need the {want} backend (the engine runs on {backend})")
     try:
         if want == "cpu":
             from .cpu import CpuKernels
 
-            return CpuKernels(weights), None
+            return CpuKernels(weights, exact=requested == "cpu-exact"), None
         from .gpu import GpuKernels
 
         return GpuKernels(weights, want), None

@@ -34,9 +34,24 @@ enum { T_F32 = 0, T_F16 = 1, T_Q8_0 = 8, T_Q2_K = 10, T_Q4_K = 12, T_IQ2_XXS = 1
 static float IQ2_GRID[256 * 8];
 static float IQ2_SIGNS[128 * 8];
 
+/* The same tables as bytes for the integer dot products: grid magnitudes (small integers) and
+ * sign patterns as +1/-1 bytes, eight per 64-bit word. */
+static uint64_t IQ2_GRID8[256];
+static uint64_t IQ2_SIGN8[128];
+
 void ds4_set_iq2_tables(const float *grid, const float *signs) {
     memcpy(IQ2_GRID, grid, sizeof IQ2_GRID);
     memcpy(IQ2_SIGNS, signs, sizeof IQ2_SIGNS);
+    for (int i = 0; i < 256; i++) {
+        uint8_t b[8];
+        for (int k = 0; k < 8; k++) b[k] = (uint8_t)grid[8 * i + k];
+        memcpy(&IQ2_GRID8[i], b, 8);
+    }
+    for (int i = 0; i < 128; i++) {
+        int8_t b[8];
+        for (int k = 0; k < 8; k++) b[k] = signs[8 * i + k] < 0 ? -1 : 1;
+        memcpy(&IQ2_SIGN8[i], b, 8);
+    }
 }
 
 int ds4_threads(void) {
@@ -300,11 +315,382 @@ static void matmul(const uint8_t *W, deq_fn deq, int64_t row_bytes, int64_t out,
     }
 }
 
+
+/* -- integer path: activations quantised to 8 bits ------------------------------------- *
+ * On decode a product is bound by how fast weights stream through the cores, and widening
+ * every 2-bit weight to a float costs more than reading it; on prefill integer dot products
+ * do four times the work of a float FMA per instruction. Here each activation row is quantised once
+ * per call to blocks of 32 (scale = max|x|/127, round to nearest even) and every weight block
+ * is multiplied with integer instructions: the result is exactly sum_k w_k * xhat_k, where
+ * xhat is the quantised activation and w the dequantised weight (tests check exactly this
+ * against float64). Weights keep their exact values; only activations are rounded, at a
+ * finer grain than llama.cpp's 256-element blocks for the K-quants. */
+
+typedef struct {
+    float d;        /* xhat = d * q */
+    int16_t s[2];   /* sum of q over elements 0..15 and 16..31 (K-quant minimums) */
+    int8_t q[32];
+    float ds[8];    /* d * s[0] in lanes 0..3, d * s[1] in 4..7: the minimum terms as a vector */
+} qblock;
+
+int ds4_int8_available(void) {
+#if defined(__AVX2__) && defined(__FMA__)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* Quantise T rows of n floats (n a multiple of 32) into T * n/32 blocks. */
+void ds4_quantize_act(const float *X, int64_t T, int64_t n, qblock *out) {
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t b = 0; b < n / 32; b++) {
+            const float *x = X + t * n + 32 * b;
+            qblock *o = out + t * (n / 32) + b;
+            float amax = 0.0f;
+            for (int l = 0; l < 32; l++) amax = fmaxf(amax, fabsf(x[l]));
+            const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+            int s0 = 0, s1 = 0;
+            for (int l = 0; l < 32; l++) {
+                const int q = (int)nearbyintf(x[l] * id);
+                o->q[l] = (int8_t)q;
+                if (l < 16) s0 += q; else s1 += q;
+            }
+            o->d = d;
+            o->s[0] = (int16_t)s0;
+            o->s[1] = (int16_t)s1;
+            for (int l = 0; l < 4; l++) {
+                o->ds[l] = d * (float)s0;
+                o->ds[4 + l] = d * (float)s1;
+            }
+        }
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline float h2f_fast(const uint8_t *p) {
+#if defined(__F16C__)
+    return _cvtsh_ss(rd16(p));
+#else
+    return h2f(rd16(p));
+#endif
+}
+
+/* 8 int32 sums of four products each of unsigned bytes u (at most 128) and signed bytes s.
+ * The pairwise int16 sums of the plain AVX2 form cannot saturate: 2 * 128 * 127 < 32768. */
+static inline __m256i dot_u8s8(__m256i u, __m256i s) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#elif defined(__AVXVNNI__)
+    return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
+#else
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
+
+/* The same for two signed byte vectors (w = -128 becomes 128 unsigned: still exact). */
+static inline __m256i dot_i8(__m256i w, __m256i x) {
+    return dot_u8s8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+}
+
+static float idot_q8_0(const uint8_t *w, const qblock *x, int64_t nb) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++, w += 34) {
+        const __m256i p = dot_i8(_mm256_loadu_si256((const __m256i *)(w + 2)), _mm256_loadu_si256((const __m256i *)x[b].q));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(h2f_fast(w) * x[b].d), acc);
+    }
+    return hsum8(acc);
+}
+
+static float idot_iq2_xxs(const uint8_t *w, const qblock *x, int64_t nb) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb / 8; b++, w += 66) {
+        const float d = h2f_fast(w);
+        for (int g = 0; g < 8; g++, x++) {
+            const uint8_t *a0 = w + 2 + 8 * g;
+            uint32_t a1;
+            memcpy(&a1, a0 + 4, 4);
+            const __m256i grid = _mm256_set_epi64x((long long)IQ2_GRID8[a0[3]], (long long)IQ2_GRID8[a0[2]],
+                                                   (long long)IQ2_GRID8[a0[1]], (long long)IQ2_GRID8[a0[0]]);
+            const __m256i sign = _mm256_set_epi64x((long long)IQ2_SIGN8[(a1 >> 21) & 127], (long long)IQ2_SIGN8[(a1 >> 14) & 127],
+                                                   (long long)IQ2_SIGN8[(a1 >> 7) & 127], (long long)IQ2_SIGN8[a1 & 127]);
+            const __m256i xs = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)x->q), sign);
+            const __m256i p = dot_u8s8(grid, xs);
+            const float db = d * (0.5f + (float)(a1 >> 28)) * 0.25f;
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(db * x->d), acc);
+        }
+    }
+    return hsum8(acc);
+}
+
+static float idot_q2_k(const uint8_t *w, const qblock *x, int64_t nb) {
+    __m256 acc = _mm256_setzero_ps();
+    float mins = 0.0f;
+    const __m256i three = _mm256_set1_epi8(3);
+    for (int64_t b = 0; b < nb / 8; b++, w += 84) {
+        const uint8_t *sc = w, *qs = w + 16;
+        const float d = h2f_fast(w + 80), dmin = h2f_fast(w + 82);
+        float m = 0.0f;
+        for (int h = 0; h < 2; h++) {
+            const __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * h));
+            for (int j = 0; j < 4; j++, x++) {
+                /* activation block 4h + j is elements 128h + 32j .. +31: bits 2j of qs[32h + l] */
+                const __m256i q = _mm256_and_si256(_mm256_srl_epi16(raw, _mm_cvtsi32_si128(2 * j)), three);
+                const int g = 8 * h + 2 * j;
+                const __m256i scales = _mm256_set_m128i(_mm_set1_epi16(sc[g + 1] & 0xF), _mm_set1_epi16(sc[g] & 0xF));
+                const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(q, _mm256_loadu_si256((const __m256i *)x->q)), scales);
+                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * x->d), acc);
+                m += x->d * (float)((sc[g] >> 4) * x->s[0] + (sc[g + 1] >> 4) * x->s[1]);
+            }
+        }
+        mins += dmin * m;
+    }
+    return hsum8(acc) - mins;
+}
+
+static float idot_q4_k(const uint8_t *w, const qblock *x, int64_t nb) {
+    __m256 acc = _mm256_setzero_ps();
+    float mins = 0.0f;
+    const __m256i low4 = _mm256_set1_epi8(0xF);
+    for (int64_t b = 0; b < nb / 8; b++, w += 144) {
+        const float d = h2f_fast(w), dmin = h2f_fast(w + 2);
+        const uint8_t *s = w + 4, *qs = w + 16;
+        float m = 0.0f;
+        for (int j = 0; j < 8; j++, x++) {
+            int sc, mn;
+            if (j < 4) {
+                sc = s[j] & 63;
+                mn = s[j + 4] & 63;
+            } else {
+                sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
+                mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+            }
+            const __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * (j / 2)));
+            const __m256i q = _mm256_and_si256(_mm256_srl_epi16(raw, _mm_cvtsi32_si128(4 * (j & 1))), low4);
+            const __m256i p = dot_u8s8(q, _mm256_loadu_si256((const __m256i *)x->q));
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * (float)sc * x->d), acc);
+            m += x->d * (float)(mn * (x->s[0] + x->s[1]));
+        }
+        mins += dmin * m;
+    }
+    return hsum8(acc) - mins;
+}
+
+/* For several tokens, each weight row is first decoded once into 32-weight blocks of small
+ * integers with float scales (and minimums, for the K-quants) laid out as 8-lane vectors,
+ * then every token takes a short integer dot with it: table lookups and bit unpacking are
+ * paid once per row, not once per token. Signed formats keep magnitudes and signs apart so
+ * the per-token work is one sign, one unsigned-by-signed dot and two FMAs per block. */
+typedef struct {
+    uint8_t q[32];   /* magnitudes (IQ2_XXS, Q8_0) or the unsigned quants (K-quants) */
+    int8_t sg[32];   /* +1/-1 signs (signed formats only) */
+    float sc[8];     /* scale of elements 0..15 in lanes 0..3, of 16..31 in lanes 4..7 */
+    float mn[8];     /* minimum, same layout (K-quants only) */
+} wblock;
+
+static inline void put8(float *v, float lo, float hi) {
+    for (int l = 0; l < 4; l++) {
+        v[l] = lo;
+        v[4 + l] = hi;
+    }
+}
+
+static void dec_q8_0(const uint8_t *w, wblock *o, int64_t nb) {
+    for (int64_t b = 0; b < nb; b++, w += 34, o++) {
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(w + 2));
+        _mm256_storeu_si256((__m256i *)o->q, _mm256_sign_epi8(q, q));
+        _mm256_storeu_si256((__m256i *)o->sg, _mm256_or_si256(_mm256_cmpgt_epi8(_mm256_setzero_si256(), q),
+                                                               _mm256_set1_epi8(1)));
+        const float d = h2f_fast(w);
+        put8(o->sc, d, d);
+    }
+}
+
+static void dec_iq2_xxs(const uint8_t *w, wblock *o, int64_t nb) {
+    for (int64_t b = 0; b < nb / 8; b++, w += 66) {
+        const float d = h2f_fast(w);
+        for (int g = 0; g < 8; g++, o++) {
+            const uint8_t *a0 = w + 2 + 8 * g;
+            uint32_t a1;
+            memcpy(&a1, a0 + 4, 4);
+            _mm256_storeu_si256((__m256i *)o->q, _mm256_set_epi64x((long long)IQ2_GRID8[a0[3]], (long long)IQ2_GRID8[a0[2]],
+                                                                   (long long)IQ2_GRID8[a0[1]], (long long)IQ2_GRID8[a0[0]]));
+            _mm256_storeu_si256((__m256i *)o->sg, _mm256_set_epi64x((long long)IQ2_SIGN8[(a1 >> 21) & 127],
+                                                                    (long long)IQ2_SIGN8[(a1 >> 14) & 127],
+                                                                    (long long)IQ2_SIGN8[(a1 >> 7) & 127],
+                                                                    (long long)IQ2_SIGN8[a1 & 127]));
+            const float db = d * (0.5f + (float)(a1 >> 28)) * 0.25f;
+            put8(o->sc, db, db);
+        }
+    }
+}
+
+static void dec_q2_k(const uint8_t *w, wblock *o, int64_t nb) {
+    for (int64_t b = 0; b < nb / 8; b++, w += 84) {
+        const uint8_t *sc = w, *qs = w + 16;
+        const float d = h2f_fast(w + 80), dmin = h2f_fast(w + 82);
+        for (int h = 0; h < 2; h++)
+            for (int j = 0; j < 4; j++, o++) {
+                const int g = 8 * h + 2 * j;
+                const __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * h));
+                _mm256_storeu_si256((__m256i *)o->q, _mm256_and_si256(_mm256_srl_epi16(raw, _mm_cvtsi32_si128(2 * j)),
+                                                                      _mm256_set1_epi8(3)));
+                put8(o->sc, d * (float)(sc[g] & 0xF), d * (float)(sc[g + 1] & 0xF));
+                put8(o->mn, dmin * (float)(sc[g] >> 4), dmin * (float)(sc[g + 1] >> 4));
+            }
+    }
+}
+
+static void dec_q4_k(const uint8_t *w, wblock *o, int64_t nb) {
+    for (int64_t b = 0; b < nb / 8; b++, w += 144) {
+        const float d = h2f_fast(w), dmin = h2f_fast(w + 2);
+        const uint8_t *s = w + 4, *qs = w + 16;
+        for (int j = 0; j < 8; j++, o++) {
+            int sc, mn;
+            if (j < 4) {
+                sc = s[j] & 63;
+                mn = s[j + 4] & 63;
+            } else {
+                sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
+                mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+            }
+            const __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * (j / 2)));
+            _mm256_storeu_si256((__m256i *)o->q, _mm256_and_si256(_mm256_srl_epi16(raw, _mm_cvtsi32_si128(4 * (j & 1))),
+                                                                  _mm256_set1_epi8(0xF)));
+            put8(o->sc, d * (float)sc, d * (float)sc);
+            put8(o->mn, dmin * (float)mn, dmin * (float)mn);
+        }
+    }
+}
+
+/* sum_k w_k xhat_k for a decoded row: signed formats (no minimums) */
+static float wdot_signed(const wblock *w, const qblock *x, int64_t nb) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++, w++, x++) {
+        const __m256i xs = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)x->q), _mm256_loadu_si256((const __m256i *)w->sg));
+        const __m256i p = dot_u8s8(_mm256_loadu_si256((const __m256i *)w->q), xs);
+        acc = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(p), _mm256_loadu_ps(w->sc)), _mm256_broadcast_ss(&x->d), acc);
+    }
+    return hsum8(acc);
+}
+
+/* ... and the K-quants: unsigned quants, a minimum per 16 against the activation sums */
+static float wdot_kquant(const wblock *w, const qblock *x, int64_t nb) {
+    __m256 acc = _mm256_setzero_ps(), mins = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++, w++, x++) {
+        const __m256i p = dot_u8s8(_mm256_loadu_si256((const __m256i *)w->q), _mm256_loadu_si256((const __m256i *)x->q));
+        acc = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(p), _mm256_loadu_ps(w->sc)), _mm256_broadcast_ss(&x->d), acc);
+        mins = _mm256_fmadd_ps(_mm256_loadu_ps(w->mn), _mm256_loadu_ps(x->ds), mins);
+    }
+    /* each lane of mins holds a quarter of a half-block's minimum term */
+    return hsum8(acc) - hsum8(mins) * 0.25f;
+}
+
+typedef void (*idec_fn)(const uint8_t *, wblock *, int64_t);
+typedef float (*wdot_fn)(const wblock *, const qblock *, int64_t);
+
+static idec_fn int8_decoder(int type, wdot_fn *dot) {
+    switch (type) {
+    case T_Q8_0: *dot = wdot_signed; return dec_q8_0;
+    case T_Q2_K: *dot = wdot_kquant; return dec_q2_k;
+    case T_Q4_K: *dot = wdot_kquant; return dec_q4_k;
+    case T_IQ2_XXS: *dot = wdot_signed; return dec_iq2_xxs;
+    default: return 0;
+    }
+}
+
+typedef float (*idot_fn)(const uint8_t *, const qblock *, int64_t);
+
+static idot_fn int8_dot(int type) {
+    switch (type) {
+    case T_Q8_0: return idot_q8_0;
+    case T_Q2_K: return idot_q2_k;
+    case T_Q4_K: return idot_q4_k;
+    case T_IQ2_XXS: return idot_iq2_xxs;
+    default: return 0;
+    }
+}
+#else
+typedef float (*idot_fn)(const uint8_t *, const qblock *, int64_t);
+static idot_fn int8_dot(int type) { (void)type; return 0; }
+typedef struct { int dummy; } wblock;
+typedef void (*idec_fn)(const uint8_t *, wblock *, int64_t);
+typedef float (*wdot_fn)(const wblock *, const qblock *, int64_t);
+static idec_fn int8_decoder(int type, wdot_fn *dot) { (void)type; (void)dot; return 0; }
+#endif
+
+/* Up to this many tokens read each weight block straight from the file per token; more
+ * tokens decode each row once into wblocks first (measured crossover on AVX-512 Zen 4). */
+#define DIRECT_MAX_T 3
+
+/* Y[t, r] = sum_k xhat[t, k] W[r, k] with the activations already quantised (Xq: T rows of
+ * n/32 blocks). Rows are spread over the cores; each weight row is read once for all tokens. */
+static void matmul_int8(const uint8_t *W, int type, int64_t row_bytes, int64_t out, int64_t n,
+                        const qblock *Xq, int64_t T, float *Y, int64_t y_stride) {
+    const int64_t nb = n / 32;
+    const int parallel = out * n >= (1 << 16);
+    (void)parallel;
+    if (T > DIRECT_MAX_T) {
+        wdot_fn wdot = 0;
+        idec_fn dec = int8_decoder(type, &wdot);
+#pragma omp parallel if (parallel)
+        {
+            wblock *row = malloc((size_t)nb * sizeof *row);
+#pragma omp for schedule(static)
+            for (int64_t r = 0; r < out; r++) {
+                const uint8_t *ahead = W + (r + 4) * row_bytes;
+                if (r + 4 < out)
+                    for (int64_t o = 0; o < row_bytes; o += 64) __builtin_prefetch(ahead + o, 0, 0);
+                dec(W + r * row_bytes, row, nb);
+                for (int64_t t = 0; t < T; t++) Y[t * y_stride + r] = wdot(row, Xq + t * nb, nb);
+            }
+            free(row);
+        }
+        return;
+    }
+    idot_fn dot = int8_dot(type);
+    /* Contiguous halves per thread, and software prefetch a few rows ahead: weights live in
+     * 4 KiB page-cache pages, where hardware prefetchers stop at every page boundary. */
+#pragma omp parallel for schedule(static) if (parallel)
+    for (int64_t r = 0; r < out; r++) {
+        const uint8_t *ahead = W + (r + 4) * row_bytes;
+        if (r + 4 < out)
+            for (int64_t o = 0; o < row_bytes; o += 64) __builtin_prefetch(ahead + o, 0, 0);
+        for (int64_t t = 0; t < T; t++) Y[t * y_stride + r] = dot(W + r * row_bytes, Xq + t * nb, nb);
+    }
+}
+
+/* The product through the integer path when it applies (a quantised type, few tokens, AVX2),
+ * else through dequantised float rows. */
+static void product(const uint8_t *W, int type, deq_fn deq, int64_t row_bytes, int64_t out, int64_t n,
+                    const float *X, int64_t T, float *Y, int64_t y_stride, int int8, qblock *scratch) {
+    idot_fn dot = int8_dot(type);
+    if (dot && int8 && n % 32 == 0) {
+        ds4_quantize_act(X, T, n, scratch);
+        matmul_int8(W, type, row_bytes, out, n, scratch, T, Y, y_stride);
+    } else {
+        matmul(W, deq, row_bytes, out, n, X, n, T, Y, y_stride);
+    }
+}
+
+/* Y (T, out) = X (T, n) W^T; int8: take the integer path where the weight type has one. */
 int ds4_matmul(const uint8_t *W, int type, int64_t row_bytes, int64_t out, int64_t n, const float *X,
-               int64_t T, float *Y) {
+               int64_t T, float *Y, int int8) {
     deq_fn deq = dequantiser(type);
     if (!deq) return -1;
-    matmul(W, deq, row_bytes, out, n, X, n, T, Y, out);
+    qblock *scratch = NULL;
+    if (int8_dot(type) && int8 && n % 32 == 0) {
+        scratch = malloc((size_t)(T * (n / 32)) * sizeof *scratch);
+        if (!scratch) return -2;
+    }
+    product(W, type, deq, row_bytes, out, n, X, T, Y, out, int8, scratch);
+    free(scratch);
     return 0;
 }
 
@@ -315,15 +701,17 @@ int ds4_matmul(const uint8_t *W, int type, int64_t row_bytes, int64_t out, int64
 int ds4_moe(const float *X, int64_t T, int64_t E, int64_t F, int64_t n_expert, int64_t k,
             const int32_t *sel, const float *route_w,
             const uint8_t *gate, const uint8_t *up, int gu_type, int64_t gu_row_bytes,
-            const uint8_t *down, int d_type, int64_t d_row_bytes, float clamp, float *Y) {
+            const uint8_t *down, int d_type, int64_t d_row_bytes, float clamp, float *Y, int int8) {
     deq_fn deq_gu = dequantiser(gu_type), deq_d = dequantiser(d_type);
     if (!deq_gu || !deq_d) return -1;
     int64_t *count = calloc((size_t)n_expert + 1, sizeof *count);
     int64_t *order = malloc((size_t)(T * k) * sizeof *order);
     float *xs = malloc((size_t)(T * k * E) * sizeof *xs), *g = malloc((size_t)(T * k * F) * sizeof *g);
     float *u = malloc((size_t)(T * k * F) * sizeof *u), *o = malloc((size_t)(T * k * E) * sizeof *o);
+    const int64_t qn = E > F ? E : F;
+    qblock *qs = malloc((size_t)(T * k * (qn / 32 + 1)) * sizeof *qs);
     int rc = 0;
-    if (!count || !order || !xs || !g || !u || !o) { rc = -2; goto done; }
+    if (!count || !order || !xs || !g || !u || !o || !qs) { rc = -2; goto done; }
     for (int64_t i = 0; i < T * k; i++) {
         if (sel[i] < 0 || sel[i] >= n_expert) { rc = -3; goto done; }
         count[sel[i] + 1]++;
@@ -339,8 +727,8 @@ int ds4_moe(const float *X, int64_t T, int64_t E, int64_t F, int64_t n_expert, i
         const int64_t lo = count[e], m = count[e + 1] - lo;
         if (!m) continue;
         for (int64_t j = 0; j < m; j++) memcpy(xs + j * E, X + (order[lo + j] / k) * E, (size_t)E * 4);
-        matmul(gate + e * F * gu_row_bytes, deq_gu, gu_row_bytes, F, E, xs, E, m, g, F);
-        matmul(up + e * F * gu_row_bytes, deq_gu, gu_row_bytes, F, E, xs, E, m, u, F);
+        product(gate + e * F * gu_row_bytes, gu_type, deq_gu, gu_row_bytes, F, E, xs, m, g, F, int8, qs);
+        product(up + e * F * gu_row_bytes, gu_type, deq_gu, gu_row_bytes, F, E, xs, m, u, F, int8, qs);
         for (int64_t j = 0; j < m; j++) {
             const float w = route_w[order[lo + j]];
             float *gj = g + j * F, *uj = u + j * F;
@@ -350,7 +738,7 @@ int ds4_moe(const float *X, int64_t T, int64_t E, int64_t F, int64_t n_expert, i
                 gj[f] = gv / (1.0f + expf(-gv)) * uv * w;
             }
         }
-        matmul(down + e * E * d_row_bytes, deq_d, d_row_bytes, E, F, g, F, m, o, E);
+        product(down + e * E * d_row_bytes, d_type, deq_d, d_row_bytes, E, F, g, m, o, E, int8, qs);
         for (int64_t j = 0; j < m; j++) {
             float *y = Y + (order[lo + j] / k) * E;
             const float *oj = o + j * E;
@@ -358,6 +746,6 @@ int ds4_moe(const float *X, int64_t T, int64_t E, int64_t F, int64_t n_expert, i
         }
     }
 done:
-    free(count); free(order); free(xs); free(g); free(u); free(o);
+    free(count); free(order); free(xs); free(g); free(u); free(o); free(qs);
     return rc;
 }

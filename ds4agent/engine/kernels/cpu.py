@@ -4,9 +4,10 @@
   place from the mmap: no repacked or dequantised copy of a weight is ever kept.
 * experts: the fused routed-expert FFN (gather, dequantise, gate/up, clamped SwiGLU, routing
   weight, down, sum) in one call per layer.
-* attend / matmul: activation-by-activation products go to numpy's BLAS. MLX's CPU backend on
-  Linux ships a reference GEMM (about 4 GFLOP/s here against 77 for numpy's OpenBLAS), and
-  attention over a prefill chunk is a few GFLOP per layer.
+* attend / matmul: products of activations with cached rows (attention, indexer scores) run
+  through the same float kernel: MLX's CPU backend on Linux ships a reference GEMM (about
+  4 GFLOP/s here), and numpy's OpenBLAS, though fast alone, keeps its own threads spinning
+  after each call and starves the OpenMP threads of cpu.c (decode ran 2.8x slower with it).
 
 Everything else (norms, RoPE, hyper-connections, compressors) stays in MLX ops. ctypes drops
 the GIL for the duration of each call; OpenMP inside cpu.c uses every core.
@@ -39,9 +40,10 @@ def library() -> ctypes.CDLL:
     if _lib is None:
         lib = build()
         lib.ds4_dequant.argtypes = [_P, ctypes.c_int, _I, _I, _I, _P]
-        lib.ds4_matmul.argtypes = [_P, ctypes.c_int, _I, _I, _I, _P, _I, _P]
+        lib.ds4_matmul.argtypes = [_P, ctypes.c_int, _I, _I, _I, _P, _I, _P, ctypes.c_int]
         lib.ds4_moe.argtypes = [_P, _I, _I, _I, _I, _I, _P, _P, _P, _P, ctypes.c_int, _I, _P, ctypes.c_int, _I,
-                                ctypes.c_float, _P]
+                                ctypes.c_float, _P, ctypes.c_int]
+        lib.ds4_quantize_act.argtypes = [_P, _I, _I, _P]
         lib.ds4_set_iq2_tables.argtypes = [_P, _P]
         lib.ds4_set_threads.argtypes = [ctypes.c_int]
         grid, signs = iq2xxs_tables()
@@ -73,21 +75,38 @@ def dequant(raw: np.ndarray, qtype: int, n: int) -> np.ndarray:
     return out
 
 
-def matmul_raw(raw: np.ndarray, qtype: int, n: int, x: np.ndarray) -> np.ndarray:
-    """x (T, n) @ Wᵀ for W = packed rows raw (out, row_bytes) of n elements each."""
+def int8_available() -> bool:
+    """Whether this build has the integer (8-bit activation) path: x86-64 with AVX2 and FMA."""
+    return bool(library().ds4_int8_available())
+
+
+QBLOCK = np.dtype([("d", "<f4"), ("s", "<i2", 2), ("q", "i1", 32), ("ds", "<f4", 8)])
+
+
+def quantize_act(x: np.ndarray) -> np.ndarray:
+    """The activation blocks the integer path multiplies with: (T, n/32) of QBLOCK."""
+    x = _f32(x)
+    out = np.empty((x.shape[0], x.shape[1] // 32), dtype=QBLOCK)
+    library().ds4_quantize_act(x.ctypes.data, x.shape[0], x.shape[1], out.ctypes.data)
+    return out
+
+
+def matmul_raw(raw: np.ndarray, qtype: int, n: int, x: np.ndarray, int8: bool = True) -> np.ndarray:
+    """x (T, n) @ Wᵀ for W = packed rows raw (out, row_bytes) of n elements each. With int8
+    and a quantised W (and an AVX2 build) the activations go through quantize_act first."""
     raw = raw.view(np.uint8).reshape(raw.shape[0], -1)
     if not raw.flags.c_contiguous:
         raise ValueError("weight rows must be contiguous")
     x = _f32(x)
     y = np.empty((x.shape[0], raw.shape[0]), dtype=np.float32)
     if library().ds4_matmul(raw.ctypes.data, int(qtype), raw.shape[1], raw.shape[0], n, x.ctypes.data, x.shape[0],
-                            y.ctypes.data):
+                            y.ctypes.data, int(int8)):
         raise ValueError(f"no CPU kernel for GGML type {qtype}")
     return y
 
 
 def moe_raw(x: np.ndarray, sel: np.ndarray, route_w: np.ndarray, gate: np.ndarray, up: np.ndarray, gu_type: int,
-            down: np.ndarray, d_type: int, clamp: float) -> np.ndarray:
+            down: np.ndarray, d_type: int, clamp: float, int8: bool = True) -> np.ndarray:
     """The routed-expert FFN on raw expert tensors gate/up (n_exp, F, row_bytes) and down
     (n_exp, E, row_bytes): x (T, E), sel/route_w (T, k) -> (T, E)."""
     x = _f32(x)
@@ -98,52 +117,72 @@ def moe_raw(x: np.ndarray, sel: np.ndarray, route_w: np.ndarray, gate: np.ndarra
     y = np.zeros((T, E), dtype=np.float32)
     rc = library().ds4_moe(x.ctypes.data, T, E, F, n_exp, sel.shape[1], sel.ctypes.data, route_w.ctypes.data,
                            gate.ctypes.data, up.ctypes.data, int(gu_type), gate.shape[-1],
-                           down.ctypes.data, int(d_type), down.shape[-1], clamp, y.ctypes.data)
+                           down.ctypes.data, int(d_type), down.shape[-1], clamp, y.ctypes.data, int(int8))
     if rc:
         raise ValueError({-1: "unsupported expert type", -2: "out of memory", -3: "expert id out of range"}.get(rc, str(rc)))
     return y
 
 
+def products(a: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """a (M, D) @ rowsᵀ for float32 rows (N, D), through the same kernel as the weights."""
+    rows = _f32(rows)
+    return matmul_raw(rows.view(np.uint8), int(Q.F32), rows.shape[1], a, False)
+
+
 def attend_np(q: np.ndarray, keys: np.ndarray, mask: np.ndarray, sinks: np.ndarray) -> np.ndarray:
-    """The reference attention (kernels.reference.attend_mx) in numpy: keys are shared by every
-    head (and are the values), so both products are one GEMM over all heads at once."""
+    """The reference attention (kernels.reference.attend_mx) on the CPU kernels: keys are shared
+    by every head (and are the values), so both products are single matrix products over all
+    heads at once; the masked softmax with sinks is numpy."""
     H, T, D = q.shape
-    s = (q.reshape(H * T, D) @ keys.T).reshape(H, T, -1) * np.float32(1.0 / math.sqrt(D))
+    s = products(q.reshape(H * T, D), keys).reshape(H, T, -1) * np.float32(1.0 / math.sqrt(D))
     s = np.where(mask[None], s, np.float32(-np.inf))
     sink = sinks.reshape(H, 1, 1).astype(np.float32)
     m = np.maximum(s.max(axis=-1, keepdims=True), sink)
     ex = np.exp(s - m)
     den = np.exp(sink - m) + ex.sum(axis=-1, keepdims=True)
-    return ((ex.reshape(H * T, -1) @ keys).reshape(H, T, D) / den).astype(np.float32)
+    return products(ex.reshape(H * T, -1), np.ascontiguousarray(keys.T)).reshape(H, T, D) / den
 
 
 class CpuKernels:
-    name = "cpu"
+    """``exact``: keep activations in float32 for every product (the ``cpu-exact`` kernels);
+    otherwise products with a quantised weight take the integer path where this CPU has one."""
 
-    def __init__(self, weights: Weights) -> None:
+    def __init__(self, weights: Weights, exact: bool = False) -> None:
         self.w = weights
         library()
+        self.int8 = not exact and int8_available()
+        self._views: dict[str, tuple[np.ndarray, int, int]] = {}
+        self.name = "cpu-exact" if exact else "cpu"
         for name, t in weights.file.tensors.items():
             if name.endswith(".weight") and len(t.shape) >= 2 and t.type not in SUPPORTED and "tid2eid" not in name:
                 raise ValueError(f"{name}: GGML type {t.type_name} has no CPU kernel")
 
+    def _matrix(self, name: str) -> tuple[np.ndarray, int, int]:
+        """(packed rows (out, row_bytes) viewing the mmap, GGML type, elements per row), cached:
+        a decode step asks for a few hundred matrices."""
+        m = self._views.get(name)
+        if m is None:
+            t = self.w.file.tensors[name]
+            m = self._views[name] = (self.w.file.array(name).view(np.uint8).reshape(t.shape[0], -1), t.type, t.shape[-1])
+        return m
+
     def linear(self, x: mx.array, name: str, rows: tuple[int, int] | None = None) -> mx.array:
-        t = self.w.file.tensors[name]
-        raw = self.w.file.array(name)
-        raw = raw.view(np.uint8).reshape(t.shape[0], -1)
+        raw, qtype, n = self._matrix(name)
         if rows is not None:
             raw = raw[rows[0] : rows[1]]
-        return mx.array(matmul_raw(raw, t.type, t.shape[-1], x))
+        return mx.array(matmul_raw(raw, qtype, n, x, self.int8))
 
     def experts(self, layer: int, x: mx.array, sel: np.ndarray, weights: mx.array, clamp: float) -> mx.array:
         f, p = self.w.file, f"blk.{layer}.ffn_"
         gate, up, down = (f.array(p + k + "_exps.weight") for k in ("gate", "up", "down"))
         y = moe_raw(np.asarray(x), sel, np.asarray(weights), gate, up, f.tensors[p + "gate_exps.weight"].type,
-                    down, f.tensors[p + "down_exps.weight"].type, clamp)
+                    down, f.tensors[p + "down_exps.weight"].type, clamp, self.int8)
         return mx.array(y)
 
     def attend(self, q: mx.array, keys: mx.array, mask: np.ndarray, sinks: mx.array) -> mx.array:
         return mx.array(attend_np(_f32(q), _f32(keys), mask, _f32(sinks)))
 
     def matmul(self, a: mx.array, b: mx.array) -> mx.array:
-        return mx.array(np.matmul(_f32(a), _f32(b)))
+        a_np = _f32(a)
+        out = products(a_np.reshape(-1, a_np.shape[-1]), np.ascontiguousarray(_f32(b).T))
+        return mx.array(out.reshape(*a_np.shape[:-1], -1))
