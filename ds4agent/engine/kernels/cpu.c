@@ -592,15 +592,50 @@ static float wdot_kquant(const wblock *w, const qblock *x, int64_t nb) {
     return hsum8(acc) - hsum8(mins) * 0.25f;
 }
 
+/* Two tokens at once: each decoded weight block is loaded once for both. */
+static void wdot2_signed(const wblock *w, const qblock *x, const qblock *z, int64_t nb, float *out) {
+    __m256 ax = _mm256_setzero_ps(), az = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++, w++, x++, z++) {
+        const __m256i sg = _mm256_loadu_si256((const __m256i *)w->sg), q = _mm256_loadu_si256((const __m256i *)w->q);
+        const __m256 sc = _mm256_loadu_ps(w->sc);
+        const __m256i px = dot_u8s8(q, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)x->q), sg));
+        const __m256i pz = dot_u8s8(q, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)z->q), sg));
+        ax = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(px), sc), _mm256_broadcast_ss(&x->d), ax);
+        az = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(pz), sc), _mm256_broadcast_ss(&z->d), az);
+    }
+    out[0] = hsum8(ax);
+    out[1] = hsum8(az);
+}
+
+static void wdot2_kquant(const wblock *w, const qblock *x, const qblock *z, int64_t nb, float *out) {
+    __m256 ax = _mm256_setzero_ps(), az = _mm256_setzero_ps(), mx = _mm256_setzero_ps(), mz = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++, w++, x++, z++) {
+        const __m256i q = _mm256_loadu_si256((const __m256i *)w->q);
+        const __m256 sc = _mm256_loadu_ps(w->sc), mn = _mm256_loadu_ps(w->mn);
+        const __m256i px = dot_u8s8(q, _mm256_loadu_si256((const __m256i *)x->q));
+        const __m256i pz = dot_u8s8(q, _mm256_loadu_si256((const __m256i *)z->q));
+        ax = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(px), sc), _mm256_broadcast_ss(&x->d), ax);
+        az = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(pz), sc), _mm256_broadcast_ss(&z->d), az);
+        mx = _mm256_fmadd_ps(mn, _mm256_loadu_ps(x->ds), mx);
+        mz = _mm256_fmadd_ps(mn, _mm256_loadu_ps(z->ds), mz);
+    }
+    out[0] = hsum8(ax) - hsum8(mx) * 0.25f;
+    out[1] = hsum8(az) - hsum8(mz) * 0.25f;
+}
+
 typedef void (*idec_fn)(const uint8_t *, wblock *, int64_t);
 typedef float (*wdot_fn)(const wblock *, const qblock *, int64_t);
+typedef void (*wdot2_fn)(const wblock *, const qblock *, const qblock *, int64_t, float *);
 
-static idec_fn int8_decoder(int type, wdot_fn *dot) {
+static idec_fn int8_decoder(int type, wdot_fn *dot, wdot2_fn *dot2) {
+    const int k = type == T_Q2_K || type == T_Q4_K;
+    *dot = k ? wdot_kquant : wdot_signed;
+    *dot2 = k ? wdot2_kquant : wdot2_signed;
     switch (type) {
-    case T_Q8_0: *dot = wdot_signed; return dec_q8_0;
-    case T_Q2_K: *dot = wdot_kquant; return dec_q2_k;
-    case T_Q4_K: *dot = wdot_kquant; return dec_q4_k;
-    case T_IQ2_XXS: *dot = wdot_signed; return dec_iq2_xxs;
+    case T_Q8_0: return dec_q8_0;
+    case T_Q2_K: return dec_q2_k;
+    case T_Q4_K: return dec_q4_k;
+    case T_IQ2_XXS: return dec_iq2_xxs;
     default: return 0;
     }
 }
@@ -622,7 +657,8 @@ static idot_fn int8_dot(int type) { (void)type; return 0; }
 typedef struct { int dummy; } wblock;
 typedef void (*idec_fn)(const uint8_t *, wblock *, int64_t);
 typedef float (*wdot_fn)(const wblock *, const qblock *, int64_t);
-static idec_fn int8_decoder(int type, wdot_fn *dot) { (void)type; (void)dot; return 0; }
+typedef void (*wdot2_fn)(const wblock *, const qblock *, const qblock *, int64_t, float *);
+static idec_fn int8_decoder(int type, wdot_fn *dot, wdot2_fn *dot2) { (void)type; (void)dot; (void)dot2; return 0; }
 #endif
 
 /* Up to this many tokens read each weight block straight from the file per token; more
@@ -638,7 +674,8 @@ static void matmul_int8(const uint8_t *W, int type, int64_t row_bytes, int64_t o
     (void)parallel;
     if (T > DIRECT_MAX_T) {
         wdot_fn wdot = 0;
-        idec_fn dec = int8_decoder(type, &wdot);
+        wdot2_fn wdot2 = 0;
+        idec_fn dec = int8_decoder(type, &wdot, &wdot2);
 #pragma omp parallel if (parallel)
         {
             wblock *row = malloc((size_t)nb * sizeof *row);
@@ -648,7 +685,14 @@ static void matmul_int8(const uint8_t *W, int type, int64_t row_bytes, int64_t o
                 if (r + 4 < out)
                     for (int64_t o = 0; o < row_bytes; o += 64) __builtin_prefetch(ahead + o, 0, 0);
                 dec(W + r * row_bytes, row, nb);
-                for (int64_t t = 0; t < T; t++) Y[t * y_stride + r] = wdot(row, Xq + t * nb, nb);
+                int64_t t = 0;
+                for (; t + 2 <= T; t += 2) {
+                    float two[2];
+                    wdot2(row, Xq + t * nb, Xq + (t + 1) * nb, nb, two);
+                    Y[t * y_stride + r] = two[0];
+                    Y[(t + 1) * y_stride + r] = two[1];
+                }
+                for (; t < T; t++) Y[t * y_stride + r] = wdot(row, Xq + t * nb, nb);
             }
             free(row);
         }
