@@ -25,6 +25,21 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see '{self.prog} --help')")
 
 
+# engine/kernels.CHOICES, spelled out here because front ends never import MLX (tested equal).
+KERNELS = ("auto", "reference", "cpu", "cpu-exact", "metal", "cuda")
+
+
+def _open_engine(path, args: argparse.Namespace, ctx: int):
+    """Engine.open with the command's backend and kernels; says once on stderr when the fast
+    kernels could not be used."""
+    from .engine import Engine
+
+    engine = Engine.open(path, backend=args.backend, ctx=ctx, kernels=args.kernels)
+    if engine.info.kernel_note:
+        print(f"ds4: note: {engine.info.kernel_note}", file=sys.stderr)
+    return engine
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="ds4",
@@ -58,6 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("-n", "--tokens", type=int, default=50000, metavar="N", help="generate at most N tokens")
     gen.add_argument("-c", "--ctx", type=int, default=32768, metavar="N", help="context size in tokens (default 32768)")
     gen.add_argument("--backend", choices=("auto", "cpu", "metal", "cuda"), default="auto", help="compute backend")
+    gen.add_argument("--kernels", choices=KERNELS, default=None,
+                     help="implementation of the heavy products (default $DS4_KERNELS or auto; see README)")
     diag = chat.add_argument_group("diagnostics")
     diag.add_argument("--dump-tokens", action="store_true",
                       help="print the special-aware tokenisation of the prompt as given, then exit")
@@ -86,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     agen.add_argument("-n", "--tokens", type=int, default=16384, metavar="N", help="most tokens per model turn")
     agen.add_argument("-c", "--ctx", type=int, default=65536, metavar="N", help="context size (default 65536)")
     agen.add_argument("--backend", choices=("auto", "cpu", "metal", "cuda"), default="auto")
+    agen.add_argument("--kernels", choices=KERNELS, default=None)
 
     b = sub.add_parser("bench", help="prefill/generation speed at context frontiers (ds4-bench CSV)")
     b.add_argument("-m", "--model", metavar="PATH", help="GGUF model file")
@@ -99,6 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--csv", metavar="FILE", help="write the CSV here instead of stdout")
     b.add_argument("--plot", metavar="FILE.png", help="draw prefill and generation t/s (needs matplotlib)")
     b.add_argument("--backend", choices=("auto", "cpu", "metal", "cuda"), default="auto")
+    b.add_argument("--kernels", choices=KERNELS, default=None, help="e.g. reference, to measure the MLX path")
 
     ins = sub.add_parser("inspect", help="describe a model file without loading its weights")
     ins.add_argument("model", nargs="?", metavar="MODEL", help="GGUF file (default: the model ds4 would run)")
@@ -230,18 +249,18 @@ def _sampling(args: argparse.Namespace):
 
 def _interactive(args: argparse.Namespace, choice, sampling) -> int:
     from .conversation import Conversation
-    from .engine import Engine
     from .sessions import SessionStore
     from .ui.chat import default_history_file, is_interactive, run_pipe, run_tty
 
-    engine = Engine.open(choice.path, backend=args.backend, ctx=args.ctx)
+    engine = _open_engine(choice.path, args, args.ctx)
     from .oneshot import effective_mode
 
     effective_mode(args.mode, args.ctx, sys.stderr)  # warns; the chat keeps "max" for a later /ctx
     conv = Conversation(engine, mode=args.mode, system=args.system, sampling=sampling, max_tokens=args.tokens)
     store = SessionStore(args.sessions) if args.sessions else SessionStore()
     if is_interactive(sys.stdin, sys.stdout):
-        banner = f"ds4agent {__version__} | {engine.info.name} | context {args.ctx} tokens | {engine.info.backend}"
+        banner = (f"ds4agent {__version__} | {engine.info.name} | context {args.ctx} tokens | "
+                  f"{engine.info.backend} ({engine.info.kernels} kernels)")
         return run_tty(conv, store, default_history_file(), banner=banner)
     return run_pipe(conv, store, sys.stdin, sys.stdout)
 
@@ -268,10 +287,9 @@ def cmd_chat(args: argparse.Namespace) -> int:
     if prompt is None:
         return _interactive(args, choice, sampling)
 
-    from .engine import Engine
     from .oneshot import OneShot, dump_logprobs, effective_mode, run
 
-    engine = Engine.open(choice.path, backend=args.backend, ctx=args.ctx)
+    engine = _open_engine(choice.path, args, args.ctx)
     job = OneShot(prompt, effective_mode(args.mode, args.ctx, sys.stderr), args.system, sampling, args.tokens, args.ctx)
     if args.dump_logprobs:
         return dump_logprobs(engine, job, args.dump_logprobs, args.logprobs_top_k)
@@ -280,7 +298,6 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 def cmd_agent(args: argparse.Namespace) -> int:
     from .agent import Agent
-    from .engine import Engine
     from .modelpath import DEMO_BANNER, resolve_model
     from .sessions import SessionStore
     from .tools import Policy, Workspace
@@ -295,7 +312,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     if choice.is_demo:
         print(DEMO_BANNER, file=sys.stderr)
     ws = Workspace.discover()
-    engine = Engine.open(choice.path, backend=args.backend, ctx=args.ctx)
+    engine = _open_engine(choice.path, args, args.ctx)
     store = SessionStore(args.sessions) if args.sessions else SessionStore()
     agent = Agent(engine, ws, Policy(args.approval), None, sampling=sampling, max_tokens=args.tokens, mode=args.mode)
     interactive = task is None and is_interactive(sys.stdin, sys.stdout)
@@ -323,7 +340,6 @@ def cmd_agent(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from . import benchmark
-    from .engine import Engine
     from .modelpath import resolve_model
 
     if not 1 <= args.ctx_start <= args.ctx_max or args.gen_tokens < 1 or (args.step_mul or 2) <= 1 or args.step_incr < 1:
@@ -334,7 +350,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         except ImportError:
             raise UsageError("--plot needs matplotlib (pip install 'ds4agent[bench]')") from None
     choice = resolve_model(args.model)
-    engine = Engine.open(choice.path, backend=args.backend, ctx=args.ctx_max + args.gen_tokens + 1)
+    engine = _open_engine(choice.path, args, args.ctx_max + args.gen_tokens + 1)
     tok = engine.tokenizer
     text = Path(args.prompt_file).read_text(encoding="utf-8") if args.prompt_file else _BENCH_TEXT
     ids = tok.encode(text)
@@ -365,7 +381,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     print(f"ds4: {per_token / 1e9:.3f} GB of weights read per decoded token; at {gen:.2f} t/s that is "
           f"{per_token * gen / 1e9:.2f} GB/s", file=sys.stderr)
     if args.plot:
-        benchmark.plot(rows, args.plot, f"{engine.info.name} ({engine.info.backend})")
+        benchmark.plot(rows, args.plot, f"{engine.info.name} ({engine.info.backend}, {engine.info.kernels} kernels)")
     return 0
 
 

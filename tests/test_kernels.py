@@ -299,3 +299,27 @@ def test_build_is_cached_per_machine(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(cpu_build, "_cpu_identity", lambda: "another cpu")
     cpu_build.build()
     assert len(list((tmp_path / "kernels").glob("cpu-*.so"))) == 2
+
+
+def test_cli_kernel_choices_match_the_engine() -> None:
+    """cli.py spells the choices out (front ends never import MLX); they must stay equal."""
+    from ds4agent import cli
+    from ds4agent.engine.kernels import CHOICES
+
+    assert cli.KERNELS == CHOICES
+
+
+def test_cli_flag_and_note(demo_path, capsys, monkeypatch) -> None:
+    from ds4agent import cli
+    from ds4agent.engine.kernels import cpu_build
+
+    rc = cli.main(["-m", str(demo_path), "-p", "hi", "--nothink", "-n", "2", "--temp", "0", "--kernels", "reference"])
+    assert rc == 0 and "note" not in capsys.readouterr().err
+    monkeypatch.setattr(cpu, "_lib", None)
+    monkeypatch.setattr(cpu_build, "_compiler", lambda: None)
+    rc = cli.main(["-m", str(demo_path), "-p", "hi", "--nothink", "-n", "2", "--temp", "0"])
+    err = capsys.readouterr().err
+    assert rc == 0 and "ds4: note: cpu kernels unavailable (no C compiler" in err
+    rc = cli.main(["-m", str(demo_path), "-p", "hi", "-n", "2", "--kernels", "cpu"])
+    err = capsys.readouterr().err
+    assert rc != 0 and "cpu kernels unavailable: no C compiler" in err and "Traceback" not in err

@@ -286,7 +286,7 @@ class Model:
     def _indexer(self, i: int, a, qr, pos: np.ndarray, table, st: LayerState, p0: int) -> np.ndarray | None:
         """Update the indexer rows; return the (T, n_comp) selection mask, or None when every
         query sees at most top_k rows (then all visible rows are attended)."""
-        cfg, w, p = self.cfg, self.w.get, f"blk.{i}."
+        cfg, p = self.cfg, f"blk.{i}."
         Di, Hi, R = cfg.indexer_head_dim, cfg.indexer_n_head, cfg.n_rot
         rows, st.idx_frontier, start = self._compress(i, a, p0, st.idx_frontier, 4, "indexer_compressor")
         if rows.shape[0]:
