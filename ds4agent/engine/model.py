@@ -38,6 +38,29 @@ def rms_norm(x: mx.array, w: mx.array | None, eps: float) -> mx.array:
     return y if w is None else y * w
 
 
+_FUSED: dict = {}
+
+
+def fused(fn, *static):
+    """``fn(*arrays, *static)`` compiled by mx.compile, once per function and static arguments.
+
+    Decode runs a few hundred tiny MLX ops per layer between the kernels; eagerly, each pays
+    its own dispatch, and on the CPU that was a fifth of a decode step. Compiled, the runs of
+    elementwise ops become a few fused kernels with the same float operations (the tests run
+    the model both ways: logits and the FP8 simulation agree bit for bit)."""
+    key = (fn, static)
+    f = _FUSED.get(key)
+    if f is None:
+        f = _FUSED[key] = mx.compile(lambda *arrays: fn(*arrays, *static))
+    return f
+
+
+def _norm(x: mx.array, w: mx.array, eps: float) -> mx.array:
+    return rms_norm(x, w, eps)
+
+
+
+
 # -- RoPE ---------------------------------------------------------------------------------------
 
 class Rope:
@@ -95,29 +118,21 @@ def _hc_weights(mix: mx.array, scale: mx.array, base: mx.array, hc: int, eps: fl
     return pre, post, M
 
 
-# Some 80 tiny ops per call, twice per layer: compiled into a few fused kernels (the same
-# arithmetic; tests compare against the plain function). hc, eps and iters are constants of
-# a model, so they are closed over rather than traced.
-_hc_compiled: dict[tuple[int, float, int], object] = {}
+def _hc_flat(X: mx.array, eps: float) -> mx.array:
+    T, hc, E = X.shape
+    return rms_norm(X.reshape(T, hc * E), None, eps)
 
 
-def hc_weights(mix: mx.array, scale: mx.array, base: mx.array, cfg: ModelConfig):
-    key = (cfg.hc_count, cfg.hc_eps, cfg.hc_sinkhorn_iters)
-    fn = _hc_compiled.get(key)
-    if fn is None:
-        fn = _hc_compiled[key] = mx.compile(lambda m, s, b: _hc_weights(m, s, b, *key))
-    return fn(mix, scale, base)
+def _hc_mixed(X: mx.array, mix: mx.array, scale: mx.array, base: mx.array, hc: int, eps: float, iters: int):
+    pre, post, M = _hc_weights(mix, scale, base, hc, eps, iters)
+    return mx.sum(pre[:, :, None] * X, axis=1), post, M
 
 
 def hc_pre(X: mx.array, project, scale: mx.array, base: mx.array, cfg: ModelConfig):
     """X (T, hc, E) -> sublayer input (T, E), post (T, hc), comb (T, hc, hc); ``project`` is
     the mixing matrix as a function of the normalised flat streams."""
-    T, hc, E = X.shape
-    flat = rms_norm(X.reshape(T, hc * E), None, cfg.rms_eps)
-    mix = project(flat)  # (T, (2+hc)·hc)
-    pre, post, M = hc_weights(mix, scale, base, cfg)
-    x = mx.sum(pre[:, :, None] * X, axis=1)
-    return x, post, M
+    mix = project(fused(_hc_flat, cfg.rms_eps)(X))  # (T, (2+hc)·hc)
+    return fused(_hc_mixed, cfg.hc_count, cfg.hc_eps, cfg.hc_sinkhorn_iters)(X, mix, scale, base)
 
 
 def hc_post(y: mx.array, X: mx.array, post: mx.array, M: mx.array) -> mx.array:
@@ -171,6 +186,16 @@ def compressor_step(fr: Frontier, ratio: int, n0: int, kv: mx.array, score: mx.a
     return pooled, new, n0 - pending
 
 
+def _query(q: mx.array, cos: mx.array, sin: mx.array, H: int, D: int, R: int, eps: float) -> mx.array:
+    """q_b output (T, H·D) -> per-head RMS-normalised, rotated queries (H, T, D)."""
+    q = rms_norm(q.reshape(q.shape[0], H, D), None, eps)
+    return Rope.apply(mx.swapaxes(q, 0, 1), cos, sin, R)
+
+
+def _kv_round(rows: mx.array, n_rot: int) -> mx.array:
+    return qat.f16_round(qat.fp8_kv_round(rows, n_rot))
+
+
 # -- the model ----------------------------------------------------------------------------------
 
 class Model:
@@ -210,10 +235,10 @@ class Model:
         p = f"blk.{i}."
         x, post, M = hc_pre(X, self._lin(p + "hc_attn_fn.weight"), w(p + "hc_attn_scale.weight"), w(p + "hc_attn_base.weight"), self.cfg)
         y = self._attention(i, x, pos, tables, st, p0)
-        X = hc_post(y, X, post, M)
+        X = fused(hc_post)(y, X, post, M)
         x, post, M = hc_pre(X, self._lin(p + "hc_ffn_fn.weight"), w(p + "hc_ffn_scale.weight"), w(p + "hc_ffn_base.weight"), self.cfg)
         y = self._ffn(i, x, ids)
-        return hc_post(y, X, post, M)
+        return fused(hc_post)(y, X, post, M)
 
     # Attention -------------------------------------------------------------------------------
     def _attention(self, i: int, x: mx.array, pos: np.ndarray, tables, st: LayerState, p0: int) -> mx.array:
@@ -221,13 +246,12 @@ class Model:
         T, H, D, R = x.shape[0], cfg.n_head, cfg.head_dim, cfg.n_rot
         ratio = cfg.ratio(i)
         cos, sin = tables[ratio != 0]
-        a = rms_norm(x, w(p + "attn_norm.weight"), cfg.rms_eps)
-        qr = rms_norm(lin(a, p + "attn_q_a.weight"), w(p + "attn_q_a_norm.weight"), cfg.rms_eps)
-        q = lin(qr, p + "attn_q_b.weight").reshape(T, H, D)
-        q = rms_norm(q, None, cfg.rms_eps)  # per-head, no weight
-        q = Rope.apply(mx.swapaxes(q, 0, 1), cos, sin, R)  # (H, T, D)
-        kv = rms_norm(lin(a, p + "attn_kv.weight"), w(p + "attn_kv_a_norm.weight"), cfg.rms_eps)
-        kv = self._finish_kv(Rope.apply(kv, cos, sin, R))
+        norm = fused(_norm, cfg.rms_eps)
+        a = norm(x, w(p + "attn_norm.weight"))
+        qr = norm(lin(a, p + "attn_q_a.weight"), w(p + "attn_q_a_norm.weight"))
+        q = fused(_query, H, D, R, cfg.rms_eps)(lin(qr, p + "attn_q_b.weight"), cos, sin)  # (H, T, D)
+        kv = norm(lin(a, p + "attn_kv.weight"), w(p + "attn_kv_a_norm.weight"))
+        kv = self._finish_kv(fused(Rope.apply, R)(kv, cos, sin))
 
         # Compressed rows emitted by this batch, visible from their window's last token on.
         selected = None
@@ -236,7 +260,7 @@ class Model:
             if rows.shape[0]:
                 rpos = start + ratio * np.arange(rows.shape[0])
                 c, s = self.rope.tables(rpos, True)
-                st.comp = mx.concatenate([st.comp, self._finish_kv(Rope.apply(rows, c, s, R))], axis=0)
+                st.comp = mx.concatenate([st.comp, self._finish_kv(fused(Rope.apply, R)(rows, c, s))], axis=0)
             if ratio == 4:
                 selected = self._indexer(i, a, qr, pos, tables[True], st, p0)
 
@@ -255,7 +279,7 @@ class Model:
         st.raw = mx.concatenate([st.raw, kv], axis=0)[-cfg.sliding_window :]
 
         out = self.k.attend(q, keys, mask, w(p + "attn_sinks.weight"))  # (H, T, D): K = V
-        out = Rope.apply(out, cos, sin, R, inverse=True)
+        out = fused(Rope.apply, R, True)(out, cos, sin)
         out = mx.swapaxes(out, 0, 1)  # (T, H, D)
 
         # Grouped projection: group g = contiguous heads, through rows g·rank..(g+1)·rank of
@@ -270,7 +294,7 @@ class Model:
         """KV cache rounding: FP8 on the non-RoPE dims, then f16 (spec §3.4c)."""
         if not self.opt.qat_sim:
             return rows
-        return qat.f16_round(qat.fp8_kv_round(rows, self.cfg.n_rot))
+        return fused(_kv_round, self.cfg.n_rot)(rows)
 
     def _compress(self, i: int, a: mx.array, p0: int, fr: Frontier, ratio: int, prefix: str):
         """Project, pool completed windows, RMS-normalise. Returns (rows, frontier, start)."""
@@ -281,7 +305,7 @@ class Model:
         kv = self.k.linear(a, p + f"{prefix}_kv.weight")
         sc = self.k.linear(a, p + f"{prefix}_gate.weight") + ape[phase]
         pooled, fr, start = compressor_step(fr, ratio, p0, kv, sc)
-        return rms_norm(pooled, w(p + f"{prefix}_norm.weight"), self.cfg.rms_eps), fr, start
+        return fused(_norm, self.cfg.rms_eps)(pooled, w(p + f"{prefix}_norm.weight")), fr, start
 
     def _indexer(self, i: int, a, qr, pos: np.ndarray, table, st: LayerState, p0: int) -> np.ndarray | None:
         """Update the indexer rows; return the (T, n_comp) selection mask, or None when every
@@ -321,7 +345,7 @@ class Model:
     # Mixture of experts ----------------------------------------------------------------------
     def _ffn(self, i: int, x: mx.array, ids: np.ndarray) -> mx.array:
         cfg, w, p = self.cfg, self.w.get, f"blk.{i}."
-        f = rms_norm(x, w(p + "ffn_norm.weight"), cfg.rms_eps)
+        f = fused(_norm, cfg.rms_eps)(x, w(p + "ffn_norm.weight"))
         logits = self.k.linear(f, p + "ffn_gate_inp.weight")
         prob = mx.sqrt(mx.where(logits > 20, logits, mx.where(logits < -20, mx.exp(logits), mx.log1p(mx.exp(logits)))))
         k = cfg.n_expert_used
