@@ -399,13 +399,22 @@ static inline __m256i dot_i8(__m256i w, __m256i x) {
     return dot_u8s8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
 }
 
+/* Two float accumulators where a row has blocks to spare: a single FMA chain waits out the
+ * FMA latency at every block. */
+static inline __m256 q8_0_block(const uint8_t *w, const qblock *x, __m256 acc) {
+    const __m256i p = dot_i8(_mm256_loadu_si256((const __m256i *)(w + 2)), _mm256_loadu_si256((const __m256i *)x->q));
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(h2f_fast(w) * x->d), acc);
+}
+
 static float idot_q8_0(const uint8_t *w, const qblock *x, int64_t nb) {
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++, w += 34) {
-        const __m256i p = dot_i8(_mm256_loadu_si256((const __m256i *)(w + 2)), _mm256_loadu_si256((const __m256i *)x[b].q));
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(h2f_fast(w) * x[b].d), acc);
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2, w += 68) {
+        a0 = q8_0_block(w, x + b, a0);
+        a1 = q8_0_block(w + 34, x + b + 1, a1);
     }
-    return hsum8(acc);
+    if (b < nb) a0 = q8_0_block(w, x + b, a0);
+    return hsum8(_mm256_add_ps(a0, a1));
 }
 
 static float idot_iq2_xxs(const uint8_t *w, const qblock *x, int64_t nb) {
@@ -681,9 +690,6 @@ static void matmul_int8(const uint8_t *W, int type, int64_t row_bytes, int64_t o
             wblock *row = malloc((size_t)nb * sizeof *row);
 #pragma omp for schedule(static)
             for (int64_t r = 0; r < out; r++) {
-                const uint8_t *ahead = W + (r + 4) * row_bytes;
-                if (r + 4 < out)
-                    for (int64_t o = 0; o < row_bytes; o += 64) __builtin_prefetch(ahead + o, 0, 0);
                 dec(W + r * row_bytes, row, nb);
                 int64_t t = 0;
                 for (; t + 2 <= T; t += 2) {
@@ -699,15 +705,11 @@ static void matmul_int8(const uint8_t *W, int type, int64_t row_bytes, int64_t o
         return;
     }
     idot_fn dot = int8_dot(type);
-    /* Contiguous halves per thread, and software prefetch a few rows ahead: weights live in
-     * 4 KiB page-cache pages, where hardware prefetchers stop at every page boundary. */
+    /* Contiguous halves per thread: each core streams one run of rows, which the hardware
+     * prefetchers follow (explicit prefetching measured 2x slower on the output head). */
 #pragma omp parallel for schedule(static) if (parallel)
-    for (int64_t r = 0; r < out; r++) {
-        const uint8_t *ahead = W + (r + 4) * row_bytes;
-        if (r + 4 < out)
-            for (int64_t o = 0; o < row_bytes; o += 64) __builtin_prefetch(ahead + o, 0, 0);
+    for (int64_t r = 0; r < out; r++)
         for (int64_t t = 0; t < T; t++) Y[t * y_stride + r] = dot(W + r * row_bytes, Xq + t * nb, nb);
-    }
 }
 
 /* The product through the integer path when it applies (a quantised type, few tokens, AVX2),
