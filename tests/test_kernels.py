@@ -192,12 +192,22 @@ def test_experts_bad_ids_are_refused(demo_path) -> None:
             cpu.moe_raw(x, np.array([[0, 16]]), np.ones((1, 2)), gate, up, Q.IQ2_XXS, down, Q.Q2_K, 10.0)
 
 
-@pytest.mark.parametrize("T,N", [(1, 40), (9, 80), (64, 300)])
-def test_attention_matches_reference(T: int, N: int) -> None:
+@pytest.mark.parametrize("T,N,banded", [(1, 40, False), (9, 80, False), (64, 300, False), (150, 300, False),
+                                        (200, 260, True)])
+def test_attention_matches_reference(T: int, N: int, banded: bool) -> None:
+    """Random masks, and a prefill-like one (a sliding window of 32 over earlier rows and the
+    batch, plus 20 compressed rows visible from some point on), across several query tiles."""
     rng = np.random.default_rng(N)
     q = rng.normal(size=(4, T, 64)).astype(np.float32)
     keys = rng.normal(size=(N, 64)).astype(np.float32)
-    mask = rng.random((T, N)) < 0.5
+    if banded:
+        raw = N - T - 20
+        kpos = np.arange(-raw, T)
+        qpos = np.arange(T)
+        mask = np.concatenate([(kpos[None] <= qpos[:, None]) & (kpos[None] > qpos[:, None] - 32),
+                               np.arange(20)[None] < (qpos[:, None] // 10)], axis=1)
+    else:
+        mask = rng.random((T, N)) < 0.5
     mask[:, 0] = True
     sinks = rng.normal(size=4).astype(np.float32)
     a = cpu.attend_np(q, keys, mask, sinks)

@@ -685,22 +685,30 @@ static void matmul_int8(const uint8_t *W, int type, int64_t row_bytes, int64_t o
         wdot_fn wdot = 0;
         wdot2_fn wdot2 = 0;
         idec_fn dec = int8_decoder(type, &wdot, &wdot2);
+        /* Rows are decoded RB at a time and each pair of tokens visits all RB of them, so a
+         * token's activations are read from L1 RB times instead of streaming the whole
+         * batch from L3 once per row. */
+        enum { RB = 8 };
+        const int64_t nblk = (out + RB - 1) / RB;
 #pragma omp parallel if (parallel)
         {
-            wblock *row = malloc((size_t)nb * sizeof *row);
+            wblock *rows = malloc((size_t)(RB * nb) * sizeof *rows);
 #pragma omp for schedule(static)
-            for (int64_t r = 0; r < out; r++) {
-                dec(W + r * row_bytes, row, nb);
+            for (int64_t blk = 0; blk < nblk; blk++) {
+                const int64_t r0 = blk * RB, nr = out - r0 < RB ? out - r0 : RB;
+                for (int64_t i = 0; i < nr; i++) dec(W + (r0 + i) * row_bytes, rows + i * nb, nb);
                 int64_t t = 0;
-                for (; t + 2 <= T; t += 2) {
-                    float two[2];
-                    wdot2(row, Xq + t * nb, Xq + (t + 1) * nb, nb, two);
-                    Y[t * y_stride + r] = two[0];
-                    Y[(t + 1) * y_stride + r] = two[1];
-                }
-                for (; t < T; t++) Y[t * y_stride + r] = wdot(row, Xq + t * nb, nb);
+                for (; t + 2 <= T; t += 2)
+                    for (int64_t i = 0; i < nr; i++) {
+                        float two[2];
+                        wdot2(rows + i * nb, Xq + t * nb, Xq + (t + 1) * nb, nb, two);
+                        Y[t * y_stride + r0 + i] = two[0];
+                        Y[(t + 1) * y_stride + r0 + i] = two[1];
+                    }
+                for (; t < T; t++)
+                    for (int64_t i = 0; i < nr; i++) Y[t * y_stride + r0 + i] = wdot(rows + i * nb, Xq + t * nb, nb);
             }
-            free(row);
+            free(rows);
         }
         return;
     }

@@ -132,18 +132,34 @@ def products(a: np.ndarray, rows: np.ndarray) -> np.ndarray:
     return matmul_raw(rows.view(np.uint8), int(Q.F32), rows.shape[1], a, False)
 
 
+QUERY_TILE = 64
+
+
 def attend_np(q: np.ndarray, keys: np.ndarray, mask: np.ndarray, sinks: np.ndarray) -> np.ndarray:
-    """The reference attention (kernels.reference.attend_mx) on the CPU kernels: keys are shared
-    by every head (and are the values), so both products are single matrix products over all
-    heads at once; the masked softmax with sinks is numpy."""
+    """The reference attention (kernels.reference.attend_mx) on the CPU kernels.
+
+    Keys are shared by every head (and are the values), so each product is one matrix product
+    over all heads at once. Queries go in tiles of QUERY_TILE positions, each against only the
+    key rows some query of the tile can see (its stretch of the sliding window plus the
+    compressed rows): in a prefill chunk most of the (queries x keys) mask is empty, and
+    computing it dominated long prefills. The masked softmax with sinks is numpy."""
     H, T, D = q.shape
-    s = products(q.reshape(H * T, D), keys).reshape(H, T, -1) * np.float32(1.0 / math.sqrt(D))
-    s = np.where(mask[None], s, np.float32(-np.inf))
+    out = np.empty((H, T, D), dtype=np.float32)
+    scale = np.float32(1.0 / math.sqrt(D))
     sink = sinks.reshape(H, 1, 1).astype(np.float32)
-    m = np.maximum(s.max(axis=-1, keepdims=True), sink)
-    ex = np.exp(s - m)
-    den = np.exp(sink - m) + ex.sum(axis=-1, keepdims=True)
-    return products(ex.reshape(H * T, -1), np.ascontiguousarray(keys.T)).reshape(H, T, D) / den
+    for t0 in range(0, T, QUERY_TILE):
+        t1 = min(T, t0 + QUERY_TILE)
+        m = mask[t0:t1]
+        cols = np.flatnonzero(m.any(axis=0))
+        k = np.ascontiguousarray(keys[cols])
+        qt = np.ascontiguousarray(q[:, t0:t1]).reshape(-1, D)
+        s = products(qt, k).reshape(H, t1 - t0, -1) * scale
+        s = np.where(m[:, cols][None], s, np.float32(-np.inf))
+        mx_ = np.maximum(s.max(axis=-1, keepdims=True), sink)
+        ex = np.exp(s - mx_)
+        den = np.exp(sink - mx_) + ex.sum(axis=-1, keepdims=True)
+        out[:, t0:t1] = products(ex.reshape(-1, len(cols)), np.ascontiguousarray(k.T)).reshape(H, t1 - t0, D) / den
+    return out
 
 
 class CpuKernels:
