@@ -206,9 +206,6 @@ class Model:
         self.rope = Rope(self.cfg)
         self.k = kernels or ReferenceKernels(weights)
 
-    def _lin(self, name: str):
-        return lambda x: self.k.linear(x, name)
-
     # The forward pass ------------------------------------------------------------------------
     def forward(self, ids: np.ndarray, state: ModelState, all_logits: bool = False) -> mx.array:
         """Run tokens ``ids`` (positions state.n_tokens ...) and return logits for the last
@@ -233,12 +230,12 @@ class Model:
     def _layer(self, i: int, X, ids, pos, tables, st: LayerState, p0: int) -> mx.array:
         w = self.w.get
         p = f"blk.{i}."
-        x, post, M = hc_pre(X, self._lin(p + "hc_attn_fn.weight"), w(p + "hc_attn_scale.weight"), w(p + "hc_attn_base.weight"), self.cfg)
+        x, post, M = self.k.hc_pre(X, p + "hc_attn_fn.weight", w(p + "hc_attn_scale.weight"), w(p + "hc_attn_base.weight"))
         y = self._attention(i, x, pos, tables, st, p0)
-        X = fused(hc_post)(y, X, post, M)
-        x, post, M = hc_pre(X, self._lin(p + "hc_ffn_fn.weight"), w(p + "hc_ffn_scale.weight"), w(p + "hc_ffn_base.weight"), self.cfg)
+        X = self.k.hc_post(y, X, post, M)
+        x, post, M = self.k.hc_pre(X, p + "hc_ffn_fn.weight", w(p + "hc_ffn_scale.weight"), w(p + "hc_ffn_base.weight"))
         y = self._ffn(i, x, ids)
-        return fused(hc_post)(y, X, post, M)
+        return self.k.hc_post(y, X, post, M)
 
     # Attention -------------------------------------------------------------------------------
     def _attention(self, i: int, x: mx.array, pos: np.ndarray, tables, st: LayerState, p0: int) -> mx.array:

@@ -1,12 +1,14 @@
 """Kernels: the few products that dominate a token, behind one interface.
 
-Every implementation provides the same four operations (see ReferenceKernels for the exact
+Every implementation provides the same operations (see ReferenceKernels for the exact
 definitions); the model calls nothing else for its heavy work:
 
 * ``linear(x, name, rows=None)``: activations times a GGUF weight matrix (or a row range of it);
 * ``experts(layer, x, sel, weights, clamp)``: the fused routed-expert FFN of one layer;
 * ``attend(q, keys, mask, sinks)``: softmax attention with per-head sinks over shared K=V rows;
-* ``matmul(a, b)``: a product of two activation tensors (indexer scores).
+* ``matmul(a, b)``: a product of two activation tensors (indexer scores);
+* ``hc_pre`` / ``hc_post``: the hyper-connection mix around each sublayer (hundreds of tiny
+  ops in MLX; one call each in the CPU kernels).
 
 Implementations: ``reference`` (MLX ops, any device); ``cpu`` (cpu.c: native SIMD + OpenMP,
 weights read in place from the mmap, activations of decode-sized products rounded to 8 bits
@@ -37,6 +39,10 @@ class Kernels(Protocol):
     def attend(self, q: mx.array, keys: mx.array, mask: np.ndarray, sinks: mx.array) -> mx.array: ...
 
     def matmul(self, a: mx.array, b: mx.array) -> mx.array: ...
+
+    def hc_pre(self, X: mx.array, fn: str, scale: mx.array, base: mx.array) -> tuple[mx.array, mx.array, mx.array]: ...
+
+    def hc_post(self, y: mx.array, X: mx.array, post: mx.array, M: mx.array) -> mx.array: ...
 
 
 class KernelError(ValueError):

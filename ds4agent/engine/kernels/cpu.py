@@ -44,6 +44,9 @@ def library() -> ctypes.CDLL:
         lib.ds4_moe.argtypes = [_P, _I, _I, _I, _I, _I, _P, _P, _P, _P, ctypes.c_int, _I, _P, ctypes.c_int, _I,
                                 ctypes.c_float, _P, ctypes.c_int]
         lib.ds4_quantize_act.argtypes = [_P, _I, _I, _P]
+        lib.ds4_hc_pre.argtypes = [_P, _I, _I, _I, _P, ctypes.c_int, _I, _P, _P, ctypes.c_float, ctypes.c_float,
+                                   ctypes.c_int, _P, _P, _P]
+        lib.ds4_hc_post.argtypes = [_P, _P, _P, _P, _I, _I, _I, _P]
         lib.ds4_set_iq2_tables.argtypes = [_P, _P]
         lib.ds4_set_threads.argtypes = [ctypes.c_int]
         grid, signs = iq2xxs_tables()
@@ -200,6 +203,27 @@ class CpuKernels:
 
     def attend(self, q: mx.array, keys: mx.array, mask: np.ndarray, sinks: mx.array) -> mx.array:
         return mx.array(attend_np(_f32(q), _f32(keys), mask, _f32(sinks)))
+
+    def hc_pre(self, X: mx.array, fn: str, scale: mx.array, base: mx.array):
+        cfg = self.w.cfg
+        Xn = _f32(X)
+        T, hc, E = Xn.shape
+        raw, qtype, n = self._matrix(fn)
+        x, post, M = (np.empty(shape, np.float32) for shape in ((T, E), (T, hc), (T, hc, hc)))
+        rc = library().ds4_hc_pre(Xn.ctypes.data, T, hc, E, raw.ctypes.data, int(qtype), raw.shape[1],
+                                  _f32(scale).ctypes.data, _f32(base).ctypes.data, cfg.rms_eps, cfg.hc_eps,
+                                  cfg.hc_sinkhorn_iters, x.ctypes.data, post.ctypes.data, M.ctypes.data)
+        if rc:
+            raise ValueError(f"{fn}: hyper-connection mix failed ({rc})")
+        return mx.array(x), mx.array(post), mx.array(M)
+
+    def hc_post(self, y: mx.array, X: mx.array, post: mx.array, M: mx.array) -> mx.array:
+        Xn = _f32(X)
+        T, hc, E = Xn.shape
+        out = np.empty_like(Xn)
+        library().ds4_hc_post(_f32(y).ctypes.data, Xn.ctypes.data, _f32(post).ctypes.data, _f32(M).ctypes.data,
+                              T, hc, E, out.ctypes.data)
+        return mx.array(out)
 
     def matmul(self, a: mx.array, b: mx.array) -> mx.array:
         a_np = _f32(a)

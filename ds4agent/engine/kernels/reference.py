@@ -74,3 +74,16 @@ class ReferenceKernels:
     def matmul(self, a: mx.array, b: mx.array) -> mx.array:
         """A dense product of activations (a @ b), e.g. indexer queries against its rows."""
         return a @ b
+
+    def hc_pre(self, X: mx.array, fn: str, scale: mx.array, base: mx.array):
+        """Hyper-connection mix before a sublayer (model.hc_pre): X (T, hc, E) -> the sublayer
+        input (T, E), post (T, hc) and the comb (T, hc, hc), with mixing matrix ``fn``."""
+        from ..model import hc_pre
+
+        return hc_pre(X, lambda flat: self.linear(flat, fn), scale, base, self.w.cfg)
+
+    def hc_post(self, y: mx.array, X: mx.array, post: mx.array, M: mx.array) -> mx.array:
+        """Spread a sublayer's output back over the hc streams (model.hc_post)."""
+        from ..model import fused, hc_post
+
+        return fused(hc_post)(y, X, post, M)
