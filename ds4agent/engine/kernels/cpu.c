@@ -286,8 +286,37 @@ static int row_block(int64_t T, int64_t n) {
 
 /* Y[t, r] = sum_k X[t, k] W[r, k] for r in [0, out): W has `out` rows of row_bytes packed bytes
  * holding n elements each. X rows are x_stride floats apart, Y rows y_stride. */
+#if defined(__F16C__) && defined(__FMA__)
+/* One F16 row against one activation row, converting in registers (no dequantised buffer):
+ * on decode the F16 matrices (compressors, indexer, router) then stream at memory speed. */
+static float dot_f16(const uint8_t *w, const float *x, int64_t n) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 16 <= n; k += 16) {
+        a0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + 2 * k))), _mm256_loadu_ps(x + k), a0);
+        a1 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + 2 * k + 16))), _mm256_loadu_ps(x + k + 8), a1);
+    }
+    a0 = _mm256_add_ps(a0, a1);
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(a0), _mm256_extractf128_ps(a0, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    float sum = _mm_cvtss_f32(h);
+    for (; k < n; k++) sum += h2f(rd16(w + 2 * k)) * x[k];
+    return sum;
+}
+#define HAVE_DOT_F16 1
+#endif
+
 static void matmul(const uint8_t *W, deq_fn deq, int64_t row_bytes, int64_t out, int64_t n,
                    const float *X, int64_t x_stride, int64_t T, float *Y, int64_t y_stride) {
+#ifdef HAVE_DOT_F16
+    if (deq == deq_f16 && T <= 3) {
+#pragma omp parallel for schedule(static) if (out * n >= (1 << 16))
+        for (int64_t r = 0; r < out; r++)
+            for (int64_t t = 0; t < T; t++) Y[t * y_stride + r] = dot_f16(W + r * row_bytes, X + t * x_stride, n);
+        return;
+    }
+#endif
     const int rb = row_block(T, n);
     const int64_t blocks = (out + rb - 1) / rb;
     const int parallel = out * n >= (1 << 16);
@@ -632,14 +661,55 @@ static void wdot2_kquant(const wblock *w, const qblock *x, const qblock *z, int6
     out[1] = hsum8(az) - hsum8(mz) * 0.25f;
 }
 
+/* Four tokens (x rows nb blocks apart): the decoded block is loaded once for all four. */
+static void wdot4_signed(const wblock *w, const qblock *x, int64_t nb, float *out) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t b = 0; b < nb; b++, w++) {
+        const __m256i sg = _mm256_loadu_si256((const __m256i *)w->sg), q = _mm256_loadu_si256((const __m256i *)w->q);
+        const __m256 sc = _mm256_loadu_ps(w->sc);
+#define TOKEN(i, acc)                                                                                          \
+        {                                                                                                      \
+            const qblock *xi = x + (i) * nb + b;                                                               \
+            const __m256i p = dot_u8s8(q, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)xi->q), sg));  \
+            acc = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(p), sc), _mm256_broadcast_ss(&xi->d), acc); \
+        }
+        TOKEN(0, a0) TOKEN(1, a1) TOKEN(2, a2) TOKEN(3, a3)
+#undef TOKEN
+    }
+    out[0] = hsum8(a0); out[1] = hsum8(a1); out[2] = hsum8(a2); out[3] = hsum8(a3);
+}
+
+static void wdot4_kquant(const wblock *w, const qblock *x, int64_t nb, float *out) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, m0 = a0, m1 = a0, m2 = a0, m3 = a0;
+    for (int64_t b = 0; b < nb; b++, w++) {
+        const __m256i q = _mm256_loadu_si256((const __m256i *)w->q);
+        const __m256 sc = _mm256_loadu_ps(w->sc), mn = _mm256_loadu_ps(w->mn);
+#define TOKEN(i, acc, mins)                                                                                    \
+        {                                                                                                      \
+            const qblock *xi = x + (i) * nb + b;                                                               \
+            const __m256i p = dot_u8s8(q, _mm256_loadu_si256((const __m256i *)xi->q));                         \
+            acc = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(p), sc), _mm256_broadcast_ss(&xi->d), acc); \
+            mins = _mm256_fmadd_ps(mn, _mm256_loadu_ps(xi->ds), mins);                                          \
+        }
+        TOKEN(0, a0, m0) TOKEN(1, a1, m1) TOKEN(2, a2, m2) TOKEN(3, a3, m3)
+#undef TOKEN
+    }
+    out[0] = hsum8(a0) - hsum8(m0) * 0.25f;
+    out[1] = hsum8(a1) - hsum8(m1) * 0.25f;
+    out[2] = hsum8(a2) - hsum8(m2) * 0.25f;
+    out[3] = hsum8(a3) - hsum8(m3) * 0.25f;
+}
+
 typedef void (*idec_fn)(const uint8_t *, wblock *, int64_t);
 typedef float (*wdot_fn)(const wblock *, const qblock *, int64_t);
 typedef void (*wdot2_fn)(const wblock *, const qblock *, const qblock *, int64_t, float *);
+typedef void (*wdot4_fn)(const wblock *, const qblock *, int64_t, float *);
 
-static idec_fn int8_decoder(int type, wdot_fn *dot, wdot2_fn *dot2) {
+static idec_fn int8_decoder(int type, wdot_fn *dot, wdot2_fn *dot2, wdot4_fn *dot4) {
     const int k = type == T_Q2_K || type == T_Q4_K;
     *dot = k ? wdot_kquant : wdot_signed;
     *dot2 = k ? wdot2_kquant : wdot2_signed;
+    *dot4 = k ? wdot4_kquant : wdot4_signed;
     switch (type) {
     case T_Q8_0: return dec_q8_0;
     case T_Q2_K: return dec_q2_k;
@@ -667,7 +737,10 @@ typedef struct { int dummy; } wblock;
 typedef void (*idec_fn)(const uint8_t *, wblock *, int64_t);
 typedef float (*wdot_fn)(const wblock *, const qblock *, int64_t);
 typedef void (*wdot2_fn)(const wblock *, const qblock *, const qblock *, int64_t, float *);
-static idec_fn int8_decoder(int type, wdot_fn *dot, wdot2_fn *dot2) { (void)type; (void)dot; (void)dot2; return 0; }
+typedef void (*wdot4_fn)(const wblock *, const qblock *, int64_t, float *);
+static idec_fn int8_decoder(int type, wdot_fn *dot, wdot2_fn *dot2, wdot4_fn *dot4) {
+    (void)type; (void)dot; (void)dot2; (void)dot4; return 0;
+}
 #endif
 
 /* Up to this many tokens read each weight block straight from the file per token; more
@@ -684,7 +757,8 @@ static void matmul_int8(const uint8_t *W, int type, int64_t row_bytes, int64_t o
     if (T > DIRECT_MAX_T) {
         wdot_fn wdot = 0;
         wdot2_fn wdot2 = 0;
-        idec_fn dec = int8_decoder(type, &wdot, &wdot2);
+        wdot4_fn wdot4 = 0;
+        idec_fn dec = int8_decoder(type, &wdot, &wdot2, &wdot4);
         /* Rows are decoded RB at a time and each pair of tokens visits all RB of them, so a
          * token's activations are read from L1 RB times instead of streaming the whole
          * batch from L3 once per row. */
@@ -698,6 +772,12 @@ static void matmul_int8(const uint8_t *W, int type, int64_t row_bytes, int64_t o
                 const int64_t r0 = blk * RB, nr = out - r0 < RB ? out - r0 : RB;
                 for (int64_t i = 0; i < nr; i++) dec(W + (r0 + i) * row_bytes, rows + i * nb, nb);
                 int64_t t = 0;
+                for (; t + 4 <= T; t += 4)
+                    for (int64_t i = 0; i < nr; i++) {
+                        float four[4];
+                        wdot4(rows + i * nb, Xq + t * nb, nb, four);
+                        for (int j = 0; j < 4; j++) Y[(t + j) * y_stride + r0 + i] = four[j];
+                    }
                 for (; t + 2 <= T; t += 2)
                     for (int64_t i = 0; i < nr; i++) {
                         float two[2];
