@@ -149,19 +149,24 @@ static void deq_q2_k(const uint8_t *src, float *dst, int64_t n) {
     }
 }
 
+/* Q4_K packs eight 6-bit scales and minimums into 12 bytes. */
+static inline void q4k_scale_min(const uint8_t *s, int j, int *sc, int *mn) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *mn = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
+        *mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
 static void deq_q4_k(const uint8_t *src, float *dst, int64_t n) {
     for (int64_t b = 0; b < n / 256; b++, src += 144, dst += 256) {
         const float d = h2f(rd16(src)), dmin = h2f(rd16(src + 2));
         const uint8_t *s = src + 4, *qs = src + 16;
         for (int j = 0; j < 8; j++) {
             int sc, mn;
-            if (j < 4) {
-                sc = s[j] & 63;
-                mn = s[j + 4] & 63;
-            } else {
-                sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
-                mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-            }
+            q4k_scale_min(s, j, &sc, &mn);
             const float dl = d * (float)sc, ml = dmin * (float)mn;
             const uint8_t *q = qs + 32 * (j / 2);
             const int shift = 4 * (j & 1);  /* low nibbles: even sub-block, high: odd */
@@ -502,13 +507,7 @@ static float idot_q4_k(const uint8_t *w, const qblock *x, int64_t nb) {
         float m = 0.0f;
         for (int j = 0; j < 8; j++, x++) {
             int sc, mn;
-            if (j < 4) {
-                sc = s[j] & 63;
-                mn = s[j + 4] & 63;
-            } else {
-                sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
-                mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-            }
+            q4k_scale_min(s, j, &sc, &mn);
             const __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * (j / 2)));
             const __m256i q = _mm256_and_si256(_mm256_srl_epi16(raw, _mm_cvtsi32_si128(4 * (j & 1))), low4);
             const __m256i p = dot_u8s8(q, _mm256_loadu_si256((const __m256i *)x->q));
@@ -591,13 +590,7 @@ static void dec_q4_k(const uint8_t *w, wblock *o, int64_t nb) {
         const uint8_t *s = w + 4, *qs = w + 16;
         for (int j = 0; j < 8; j++, o++) {
             int sc, mn;
-            if (j < 4) {
-                sc = s[j] & 63;
-                mn = s[j + 4] & 63;
-            } else {
-                sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
-                mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-            }
+            q4k_scale_min(s, j, &sc, &mn);
             const __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * (j / 2)));
             _mm256_storeu_si256((__m256i *)o->q, _mm256_and_si256(_mm256_srl_epi16(raw, _mm_cvtsi32_si128(4 * (j & 1))),
                                                                   _mm256_set1_epi8(0xF)));
