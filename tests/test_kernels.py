@@ -333,3 +333,39 @@ def test_cli_flag_and_note(demo_path, capsys, monkeypatch) -> None:
     rc = cli.main(["-m", str(demo_path), "-p", "hi", "-n", "2", "--kernels", "cpu"])
     err = capsys.readouterr().err
     assert rc != 0 and "cpu kernels unavailable: no C compiler" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("exact", [True, False])
+def test_fused_experts_at_flash_dimensions(exact: bool) -> None:
+    """The CPU expert FFN at the real shape (hidden 4096, expert width 2048, 6 of 16 experts,
+    IQ2_XXS gate/up, Q2_K down; 3 tokens sharing some experts) against float64 on gguf's
+    dequantisation. With 8-bit activations the float64 reference rounds the activations the
+    same way (x before gate/up, the SwiGLU output before down), so the bound stays tight."""
+    E, F, n_exp, k, T = 4096, 2048, 16, 6, 3
+    gate = _blocks(Q.IQ2_XXS, n_exp * F, E // 256, 1).reshape(n_exp, F, -1)
+    up = _blocks(Q.IQ2_XXS, n_exp * F, E // 256, 2).reshape(n_exp, F, -1)
+    down = _blocks(Q.Q2_K, n_exp * E, F // 256, 3).reshape(n_exp, E, -1)
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(T, E)).astype(np.float32)
+    sel = np.stack([rng.choice(8, size=k, replace=False) for _ in range(T)]).astype(np.int32)
+    route = rng.uniform(0.1, 1.0, size=(T, k)).astype(np.float32)
+    y = cpu.moe_raw(x, sel, route, gate, up, Q.IQ2_XXS, down, Q.Q2_K, 7.0, int8=not exact)
+    rounded = not exact and cpu.int8_available()
+
+    def act(v: np.ndarray) -> np.ndarray:
+        if not rounded:
+            return v.astype(np.float64)
+        d, q = _quantize_np(v.astype(np.float32)[None])
+        return (d[..., None].astype(np.float64) * q).reshape(-1)
+
+    ref = np.zeros((T, E))
+    deq = {}
+    for t in range(T):
+        for j, e in enumerate(sel[t]):
+            if e not in deq:
+                deq[e] = [oracle(m[e], qt).astype(np.float64) for m, qt in ((gate, Q.IQ2_XXS), (up, Q.IQ2_XXS), (down, Q.Q2_K))]
+            g, u = deq[e][0] @ act(x[t]), deq[e][1] @ act(x[t])
+            g, u = np.minimum(g, 7.0), np.clip(u, -7.0, 7.0)
+            ref[t] += deq[e][2] @ act(g / (1 + np.exp(-g)) * u * route[t, j])
+    err = np.abs(y - ref).max() / np.abs(ref).max()
+    assert err <= (1e-5 if not rounded else 1e-3), err
