@@ -8,6 +8,8 @@ set gives the same logits (to 1e-4) and the same greedy tokens.
 
 from __future__ import annotations
 
+import os
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -369,3 +371,43 @@ def test_fused_experts_at_flash_dimensions(exact: bool) -> None:
             ref[t] += deq[e][2] @ act(g / (1 + np.exp(-g)) * u * route[t, j])
     err = np.abs(y - ref).max() / np.abs(ref).max()
     assert err <= (1e-5 if not rounded else 1e-3), err
+
+
+def test_build_survives_a_damaged_cache_and_remembers_failures(tmp_path, monkeypatch, capsys) -> None:
+    from ds4agent.engine.kernels import cpu_build
+
+    monkeypatch.setenv("DS4_HOME", str(tmp_path))
+    cpu_build.build()
+    assert "building the CPU kernels" in capsys.readouterr().err
+    so = next((tmp_path / "kernels").glob("cpu-*.so"))
+    so.write_bytes(b"not a library")
+    # In a fresh process (this one keeps the library it loaded): the damaged file is rebuilt.
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", "from ds4agent.engine.kernels import cpu; print(cpu.threads())"],
+                       capture_output=True, text=True, env={**os.environ, "DS4_HOME": str(tmp_path)})
+    assert r.returncode == 0 and "building the CPU kernels" in r.stderr, r.stderr
+    assert so.stat().st_size > 1000
+    # A flag set the compiler refuses is remembered, and the next set is used.
+    monkeypatch.setattr(cpu_build, "BASE_FLAGS", cpu_build.BASE_FLAGS + ["-fno-such-flag-at-all"])
+    with pytest.raises(cpu_build.BuildError, match="could not build"):
+        cpu_build.build()
+    assert len(list((tmp_path / "kernels").glob("*.failed"))) == 2
+    calls = []
+    monkeypatch.setattr(cpu_build, "_compile", lambda *a: calls.append(a))
+    with pytest.raises(cpu_build.BuildError):
+        cpu_build.build()
+    assert calls == []  # remembered: no compiler run
+
+
+def test_unusable_cache_is_one_clear_error(tmp_path, monkeypatch) -> None:
+    """A home whose kernels folder cannot be made (here: a file is in the way, which stops
+    root too): one BuildError, so the engine falls back with a note."""
+    from ds4agent.engine.kernels import cpu_build
+
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / "kernels").write_text("a file, not a folder")
+    monkeypatch.setenv("DS4_HOME", str(tmp_path / "home"))
+    with pytest.raises(cpu_build.BuildError, match="could not build the CPU kernels"):
+        cpu_build.build()

@@ -15,6 +15,7 @@ import os
 import platform
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -71,16 +72,31 @@ def build() -> ctypes.CDLL:
         raise BuildError("no C compiler found (install gcc or clang, or set CC)")
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
     src = SOURCE.read_bytes()
-    errors = []
+    errors: list[str] = []
     # OpenMP spreads rows over every core; without it (e.g. Apple clang) the kernels run on one.
     for flags in (BASE_FLAGS + ["-fopenmp"], BASE_FLAGS):
         key = hashlib.sha1(src + version.encode() + " ".join(flags).encode() + _cpu_identity().encode()).hexdigest()[:16]
         path = _cache_dir() / f"cpu-{key}.so"
-        if not path.exists():
+        failed = path.with_suffix(".failed")  # this compiler cannot build these flags: do not retry
+        if failed.exists():
+            errors.append(failed.read_text(errors="replace").strip() or "build failed")
+            continue
+        if path.exists():
             try:
-                _compile(cc, flags, path)
-            except (BuildError, OSError) as e:
-                errors.append(str(e))
-                continue
-        return ctypes.CDLL(str(path))
+                return ctypes.CDLL(str(path))
+            except OSError:  # a damaged cache entry: build it again
+                path.unlink(missing_ok=True)
+        if not errors:
+            print("ds4: building the CPU kernels for this machine (once, a few seconds)", file=sys.stderr, flush=True)
+        try:
+            _compile(cc, flags, path)
+            return ctypes.CDLL(str(path))
+        except BuildError as e:
+            errors.append(str(e))
+            try:
+                failed.write_text(str(e))
+            except OSError:
+                pass
+        except OSError as e:  # an unwritable cache: the reason is the same for every flag set
+            raise BuildError(f"could not build the CPU kernels: {e}") from None
     raise BuildError(f"could not build the CPU kernels: {errors[-1]}")
