@@ -145,11 +145,20 @@ def test_demo_tensors_through_matmul(demo_path) -> None:
                      "blk.2.indexer.proj.weight", "blk.3.ffn_gate_inp.weight", "output.weight"):
             a, b = np.array(ours.linear(x, name)), np.array(ref.linear(x, name))
             assert np.abs(a - b).max() <= 1e-5 * np.abs(b).max(), name
-        # a row range (the grouped output projection)
+        # a row range, and the grouped output projection built on it
         xo = mx.array(np.random.default_rng(1).normal(size=(2, 512)).astype(np.float32))
         a = np.array(ours.linear(xo, "blk.1.attn_output_a.weight", (128, 256)))
         b = np.array(ref.linear(xo, "blk.1.attn_output_a.weight", (128, 256)))
         assert a.shape == (2, 128) and np.abs(a - b).max() <= 1e-5 * np.abs(b).max()
+        cfg = e.info.config
+        for T in (1, 5):
+            xg = mx.array(np.random.default_rng(T).normal(size=(T, cfg.n_out_group, 512)).astype(np.float32))
+            a = np.array(ours.grouped(xg, "blk.1.attn_output_a.weight"))
+            b = np.array(ref.grouped(xg, "blk.1.attn_output_a.weight"))
+            assert a.shape == (T, cfg.n_out_group * cfg.o_lora_rank)
+            assert np.abs(a - b).max() <= 1e-5 * np.abs(b).max()
+            c = np.array(cpu.CpuKernels(e._model.w).grouped(xg, "blk.1.attn_output_a.weight"))  # 8-bit path
+            assert np.abs(c - b).max() <= 2e-2 * np.abs(b).max()
 
 
 @pytest.mark.parametrize("exact", [True, False])

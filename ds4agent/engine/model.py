@@ -280,10 +280,7 @@ class Model:
 
         # Grouped projection: group g = contiguous heads, through rows g·rank..(g+1)·rank of
         # attn_output_a; not one big matmul over all heads.
-        G, rank = cfg.n_out_group, cfg.o_lora_rank
-        grouped = out.reshape(T, G, -1)
-        low = mx.concatenate([lin(grouped[:, g], p + "attn_output_a.weight", (g * rank, (g + 1) * rank))
-                              for g in range(G)], axis=-1)
+        low = self.k.grouped(out.reshape(T, cfg.n_out_group, -1), p + "attn_output_a.weight")
         return lin(low, p + "attn_output_b.weight")
 
     def _finish_kv(self, rows: mx.array) -> mx.array:

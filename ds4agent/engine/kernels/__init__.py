@@ -4,6 +4,7 @@ Every implementation provides the same operations (see ReferenceKernels for the 
 definitions); the model calls nothing else for its heavy work:
 
 * ``linear(x, name, rows=None)``: activations times a GGUF weight matrix (or a row range of it);
+* ``grouped(x, name)``: the attention output projection, group g through its own rows;
 * ``experts(layer, x, sel, weights, clamp)``: the fused routed-expert FFN of one layer;
 * ``attend(q, keys, mask, sinks)``: softmax attention with per-head sinks over shared K=V rows;
 * ``matmul(a, b)``: a product of two activation tensors (indexer scores);
@@ -33,6 +34,8 @@ class Kernels(Protocol):
     name: str
 
     def linear(self, x: mx.array, name: str, rows: tuple[int, int] | None = None) -> mx.array: ...
+
+    def grouped(self, x: mx.array, name: str) -> mx.array: ...
 
     def experts(self, layer: int, x: mx.array, sel: np.ndarray, weights: mx.array, clamp: float) -> mx.array: ...
 

@@ -821,6 +821,23 @@ int ds4_matmul(const uint8_t *W, int type, int64_t row_bytes, int64_t out, int64
     return 0;
 }
 
+/* Grouped product: group g of X (G contiguous (T, n) slabs) times rows g*R .. (g+1)*R of W,
+ * into columns g*R .. (g+1)*R of Y (T, G*R). The attention output projection in one call. */
+int ds4_matmul_grouped(const uint8_t *W, int type, int64_t row_bytes, int64_t G, int64_t R, int64_t n,
+                       const float *X, int64_t T, float *Y, int int8) {
+    deq_fn deq = dequantiser(type);
+    if (!deq) return -1;
+    qblock *scratch = NULL;
+    if (int8_dot(type) && int8 && n % 32 == 0) {
+        scratch = malloc((size_t)(T * (n / 32)) * sizeof *scratch);
+        if (!scratch) return -2;
+    }
+    for (int64_t g = 0; g < G; g++)
+        product(W + g * R * row_bytes, type, deq, row_bytes, R, n, X + g * T * n, T, Y + g * R, G * R, int8, scratch);
+    free(scratch);
+    return 0;
+}
+
 /* -- hyper-connections ------------------------------------------------------------------ *
  * The residual stream is hc parallel copies; before each sublayer they are mixed into one
  * input and a Sinkhorn-balanced hc x hc comb, after it spread back (spec/model.md).

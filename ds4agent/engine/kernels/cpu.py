@@ -44,6 +44,7 @@ def library() -> ctypes.CDLL:
         lib.ds4_moe.argtypes = [_P, _I, _I, _I, _I, _I, _P, _P, _P, _P, ctypes.c_int, _I, _P, ctypes.c_int, _I,
                                 ctypes.c_float, _P, ctypes.c_int]
         lib.ds4_quantize_act.argtypes = [_P, _I, _I, _P]
+        lib.ds4_matmul_grouped.argtypes = [_P, ctypes.c_int, _I, _I, _I, _I, _P, _I, _P, ctypes.c_int]
         lib.ds4_hc_pre.argtypes = [_P, _I, _I, _I, _P, ctypes.c_int, _I, _P, _P, ctypes.c_float, ctypes.c_float,
                                    ctypes.c_int, _P, _P, _P]
         lib.ds4_hc_post.argtypes = [_P, _P, _P, _P, _I, _I, _I, _P]
@@ -193,6 +194,18 @@ class CpuKernels:
         if rows is not None:
             raw = raw[rows[0] : rows[1]]
         return mx.array(matmul_raw(raw, qtype, n, x, self.int8))
+
+    def grouped(self, x: mx.array, name: str) -> mx.array:
+        raw, qtype, n = self._matrix(name)
+        xn = _f32(x)
+        T, G, _ = xn.shape
+        R = raw.shape[0] // G
+        slabs = np.ascontiguousarray(xn.transpose(1, 0, 2))  # (G, T, n): each group's rows together
+        y = np.empty((T, G * R), dtype=np.float32)
+        if library().ds4_matmul_grouped(raw.ctypes.data, int(qtype), raw.shape[1], G, R, n, slabs.ctypes.data, T,
+                                        y.ctypes.data, int(self.int8)):
+            raise ValueError(f"{name}: no CPU kernel for GGML type {qtype}")
+        return mx.array(y)
 
     def experts(self, layer: int, x: mx.array, sel: np.ndarray, weights: mx.array, clamp: float) -> mx.array:
         f, p = self.w.file, f"blk.{layer}.ffn_"

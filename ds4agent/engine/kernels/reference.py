@@ -51,6 +51,13 @@ class ReferenceKernels:
             return w.matmul_t(x)
         return x @ w.T
 
+    def grouped(self, x: mx.array, name: str) -> mx.array:
+        """Grouped projection: x (T, G, n); group g goes through rows g·R .. (g+1)·R of the
+        matrix (R = rows / G), outputs side by side (T, G·R). Not one product over all groups."""
+        G = x.shape[1]
+        R = self.w.file.tensors[name].shape[0] // G
+        return mx.concatenate([self.linear(x[:, g], name, (g * R, (g + 1) * R)) for g in range(G)], axis=-1)
+
     def experts(self, layer: int, x: mx.array, sel: np.ndarray, weights: mx.array, clamp: float) -> mx.array:
         """Σ_slots weight · down(swiglu(gate·x, up·x)) over each token's chosen experts.
 
