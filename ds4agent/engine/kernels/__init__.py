@@ -12,8 +12,8 @@ definitions); the model calls nothing else for its heavy work:
   ops in MLX; one call each in the CPU kernels).
 
 Implementations: ``reference`` (MLX ops, any device); ``cpu`` (cpu.c: native SIMD + OpenMP,
-weights read in place from the mmap, activations of decode-sized products rounded to 8 bits
-for integer dot products) and ``cpu-exact`` (the same with float32 activations throughout);
+weights read in place from the mmap, activations rounded to 8 bits per block of 32 for
+integer dot products wherever the weight is quantised) and ``cpu-exact`` (the same with float32 activations throughout);
 ``metal`` and ``cuda`` (custom MLX kernels, see gpu.py).
 """
 
