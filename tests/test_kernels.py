@@ -389,7 +389,11 @@ def test_build_survives_a_damaged_cache_and_remembers_failures(tmp_path, monkeyp
     cpu_build.build()
     assert "building the CPU kernels" in capsys.readouterr().err
     so = next((tmp_path / "kernels").glob("cpu-*.so"))
-    so.write_bytes(b"not a library")
+    # Damage it by replacing the file, never by writing into it: this process has the library
+    # mapped, and truncating a mapped file makes its next page fault a SIGBUS.
+    bad = so.with_name("damaged.tmp")
+    bad.write_bytes(b"not a library")
+    os.replace(bad, so)
     # In a fresh process (this one keeps the library it loaded): the damaged file is rebuilt.
     import subprocess
     import sys
