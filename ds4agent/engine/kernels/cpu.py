@@ -175,7 +175,7 @@ class CpuKernels:
         library()
         self.int8 = not exact and int8_available()
         self._views: dict[str, tuple[np.ndarray, int, int]] = {}
-        self.name = "cpu-exact" if exact else "cpu"
+        self.name = "cpu" if self.int8 else "cpu-exact"  # what the arithmetic is, not what was asked
         for name, t in weights.file.tensors.items():
             if name.endswith(".weight") and len(t.shape) >= 2 and t.type not in SUPPORTED and "tid2eid" not in name:
                 raise ValueError(f"{name}: GGML type {t.type_name} has no CPU kernel")
