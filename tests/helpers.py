@@ -1,10 +1,58 @@
-"""Helpers for tests that corrupt or patch model files."""
+"""Helpers shared by tests: corrupting or patching model files, random quantised blocks,
+bit-level and relative comparisons."""
 
 from __future__ import annotations
 
 import os
-
 from pathlib import Path
+
+import numpy as np
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as Q
+
+# Byte offsets of the f16 scale fields inside one block of each quantised format.
+SCALE_OFFSETS = {Q.Q8_0: [0, 1], Q.Q2_K: [80, 81, 82, 83], Q.Q4_K: [0, 1, 2, 3], Q.IQ2_XXS: [0, 1]}
+
+
+def elements(qtype: Q) -> int:
+    """Weights per block."""
+    return GGML_QUANT_SIZES[Q(qtype)][0]
+
+
+def random_blocks(qtype: Q, rows: int, blocks: int, seed: int, finite: bool = True, scale: float = 0.02) -> np.ndarray:
+    """(rows, blocks * block bytes) random bytes of a quantised format. Random bytes often make
+    NaN/inf f16 scales; with ``finite`` the scale fields get ordinary values instead."""
+    size = GGML_QUANT_SIZES[Q(qtype)][1]
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, size=(rows, blocks * size), dtype=np.uint8)
+    if finite:
+        view = raw.reshape(-1, size)
+        offs = SCALE_OFFSETS[Q(qtype)]
+        scales = rng.normal(0, scale, size=view.shape[0] * len(offs) // 2 + 1).astype("<f2").view(np.uint8)
+        view[:, offs] = scales[: view.shape[0] * len(offs)].reshape(view.shape[0], len(offs))
+    return raw
+
+
+def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    """Equal float32 arrays, bit for bit (NaN payloads included)."""
+    return a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+def rel_err(a: np.ndarray, b: np.ndarray) -> float:
+    """Largest difference relative to the reference ``b``'s largest magnitude."""
+    return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+def damage(base: bytes, draw, span: int, hits: int) -> bytes:
+    """Fuzzing: overwrite 1..hits bytes among the first ``span``, and truncate half of the
+    time; ``draw`` is a hypothesis data.draw."""
+    from hypothesis import strategies as st
+
+    blob = bytearray(base)
+    for _ in range(draw(st.integers(1, hits))):
+        blob[draw(st.integers(0, min(len(blob), span) - 1))] = draw(st.integers(0, 255))
+    if draw(st.booleans()):
+        blob = blob[: draw(st.integers(0, len(blob)))]
+    return bytes(blob)
 
 
 def copy_model(src: Path, dst: Path) -> Path:
@@ -51,3 +99,13 @@ def patch_metadata(path: Path, key: str, old: bytes, new: bytes) -> None:
     with open(path, "r+b") as f:
         f.seek(at)
         f.write(new)
+
+
+def quantize_act_np(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Independent numpy statement of the CPU kernels' activation rounding: blocks of 32,
+    scale max|x|/127 in float32, round half to even. Returns (scales, int8 values)."""
+    blocks = x.reshape(x.shape[0], -1, 32)
+    d = (np.abs(blocks).max(axis=-1) / np.float32(127)).astype(np.float32)
+    inv = np.where(d != 0, np.float32(1) / np.where(d != 0, d, 1), np.float32(0)).astype(np.float32)
+    q = np.rint(blocks * inv[..., None]).astype(np.int8)
+    return d, q

@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ds4agent.engine.gguf import GGUFError, GGUFFile, ValueType as V, tensor_nbytes, write_gguf
+from helpers import damage
 
 Q = gguf.GGMLQuantizationType
 
@@ -199,15 +200,8 @@ def test_writer_checks_sizes(tmp_path: Path) -> None:
 @given(data=st.data())
 def test_fuzz_reader_never_crashes(tmp_path: Path, data: st.DataObject) -> None:
     """Corrupt headers raise GGUFError (or open cleanly); nothing else escapes, nothing hangs."""
-    base = _small(tmp_path).read_bytes()
-    blob = bytearray(base)
-    for _ in range(data.draw(st.integers(1, 6))):
-        pos = data.draw(st.integers(0, min(len(blob), 400) - 1))
-        blob[pos] = data.draw(st.integers(0, 255))
-    if data.draw(st.booleans()):
-        blob = blob[: data.draw(st.integers(0, len(blob)))]
     p = tmp_path / "fuzz.gguf"
-    p.write_bytes(bytes(blob))
+    p.write_bytes(damage(_small(tmp_path).read_bytes(), data.draw, span=400, hits=6))
     try:
         GGUFFile(p).close()
     except GGUFError as e:

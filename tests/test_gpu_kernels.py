@@ -23,12 +23,9 @@ from ds4agent.engine.kernels import gpu
 from ds4agent.engine.kernels.reference import ReferenceKernels, attend_mx
 from ds4agent.engine.quants import iq2xxs_tables
 from gpu_harness import c_source, run
+from helpers import elements, random_blocks, rel_err as _rel
 
 GRID, SIGNS = (t.reshape(-1) for t in iq2xxs_tables())
-
-
-def _rel(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.abs(a - b).max() / np.abs(b).max())
 
 
 @pytest.mark.parametrize("name", ["output.weight", "blk.0.attn_q_b.weight", "blk.1.attn_output_a.weight"])
@@ -47,10 +44,8 @@ def test_matvec_q8_0_on_demo_tensors(demo_path, name: str, T: int) -> None:
 def test_matvec_every_type_with_a_row_range(qtype: Q) -> None:
     """Random blocks (finite scales), a row range starting past row 0, as the grouped output
     projection asks for."""
-    from test_kernels import ELEMS, _blocks
-
     n, out = 512, 20
-    raw = _blocks(qtype, out, n // ELEMS[qtype], 7)
+    raw = random_blocks(qtype, out, n // elements(qtype), 7)
     w = oracle(raw, qtype).astype(np.float64)
     x = np.random.default_rng(1).normal(size=(2, n)).astype(np.float32)
     y = run(gpu.plan_matvec(qtype, 8, n, 2, r0=5), [raw.reshape(-1), x, GRID, SIGNS])
@@ -185,11 +180,9 @@ def test_fused_experts_at_flash_dimensions() -> None:
     """The expert kernels at the real shape (hidden 4096, expert width 2048, 6 of them, IQ2_XXS
     gate/up and Q2_K down), on random blocks for 8 experts, against float64 on gguf's
     dequantisation."""
-    from test_kernels import _blocks
-
     E, F, n_exp, k = 4096, 2048, 8, 6
-    gate, up = (_blocks(Q.IQ2_XXS, n_exp * F, E // 256, seed) for seed in (1, 2))
-    down = _blocks(Q.Q2_K, n_exp * E, F // 256, 3)
+    gate, up = (random_blocks(Q.IQ2_XXS, n_exp * F, E // 256, seed) for seed in (1, 2))
+    down = random_blocks(Q.Q2_K, n_exp * E, F // 256, 3)
     rng = np.random.default_rng(4)
     x = rng.normal(size=(1, E)).astype(np.float32)
     sel = rng.choice(n_exp, size=(1, k), replace=False).astype(np.int32)

@@ -22,26 +22,9 @@ from ds4agent.engine import Engine, SamplingParams
 from ds4agent.engine.gguf import GGUFFile
 from ds4agent.engine.kernels import cpu
 from ds4agent.engine.kernels.reference import ReferenceKernels, attend_mx
-from ds4agent.engine.quants import block_bytes
+from helpers import elements, quantize_act_np as _quantize_np, random_blocks as _blocks, same_bits as _same_bits
 
 QUANT = [Q.Q8_0, Q.Q2_K, Q.Q4_K, Q.IQ2_XXS]
-SCALE_OFFSETS = {Q.Q8_0: [0, 1], Q.Q2_K: [80, 81, 82, 83], Q.Q4_K: [0, 1, 2, 3], Q.IQ2_XXS: [0, 1]}
-ELEMS = {Q.Q8_0: 32, Q.Q2_K: 256, Q.Q4_K: 256, Q.IQ2_XXS: 256}
-
-
-def _blocks(qtype: Q, rows: int, blocks: int, seed: int, finite: bool = True) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    raw = rng.integers(0, 256, size=(rows, blocks * block_bytes(qtype)), dtype=np.uint8)
-    if finite:
-        view = raw.reshape(-1, block_bytes(qtype))
-        offs = SCALE_OFFSETS[qtype]
-        scales = rng.normal(0, 0.02, size=view.shape[0] * len(offs) // 2 + 1).astype("<f2").view(np.uint8)
-        view[:, offs] = scales[: view.shape[0] * len(offs)].reshape(view.shape[0], len(offs))
-    return raw
-
-
-def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
-    return a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32))
 
 
 @pytest.mark.parametrize("qtype", QUANT)
@@ -52,7 +35,7 @@ def test_dequant_bit_exact_random_blocks(qtype: Q, rows: int, blocks: int, seed:
     raw = _blocks(qtype, rows, blocks, seed, finite)
     with np.errstate(all="ignore"):
         ref = oracle(raw, qtype)
-    assert _same_bits(cpu.dequant(raw, qtype, blocks * ELEMS[qtype]), ref)
+    assert _same_bits(cpu.dequant(raw, qtype, blocks * elements(qtype)), ref)
 
 
 def test_dequant_plain_types_and_every_half() -> None:
@@ -81,23 +64,13 @@ def test_matmul_matches_float64(qtype: Q, T: int) -> None:
     elif qtype == Q.F32:
         raw = rng.normal(size=(out, n)).astype(np.float32).view(np.uint8)
     else:
-        raw = _blocks(qtype, out, n // ELEMS[qtype], T)
+        raw = _blocks(qtype, out, n // elements(qtype), T)
     w = oracle(raw, qtype).astype(np.float64).reshape(out, n)
     x = rng.normal(size=(T, n)).astype(np.float32)
     y = cpu.matmul_raw(raw, qtype, n, x, int8=False)  # the float path (the integer path: below)
     ref = x.astype(np.float64) @ w.T
     assert y.shape == (T, out) and y.dtype == np.float32
     assert np.abs(y - ref).max() <= 1e-5 * np.abs(x).max() * np.abs(w).sum(axis=1).max()
-
-
-def _quantize_np(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Independent numpy statement of the activation rounding: blocks of 32, scale max|x|/127
-    in float32, round half to even."""
-    blocks = x.reshape(x.shape[0], -1, 32)
-    d = (np.abs(blocks).max(axis=-1) / np.float32(127)).astype(np.float32)
-    inv = np.where(d != 0, np.float32(1) / np.where(d != 0, d, 1), np.float32(0)).astype(np.float32)
-    q = np.rint(blocks * inv[..., None]).astype(np.int8)
-    return d, q
 
 
 @settings(max_examples=40, deadline=None)
@@ -122,7 +95,7 @@ def test_integer_path_is_the_product_with_rounded_activations(qtype: Q, T: int) 
     against float64 to float32 accumulation error, which is far below the rounding of x."""
     rng = np.random.default_rng(T + 10 * int(qtype))
     n, out = 1024, 45
-    raw = _blocks(qtype, out, n // ELEMS[qtype], T)
+    raw = _blocks(qtype, out, n // elements(qtype), T)
     w = oracle(raw, qtype).astype(np.float64).reshape(out, n)
     x = (rng.normal(size=(T, n)) * rng.uniform(0.1, 10, size=(T, 1))).astype(np.float32)
     d, q = _quantize_np(x)

@@ -19,11 +19,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from ds4agent.engine import Engine, SamplingParams  # noqa: E402
+from helpers import rel_err as _rel  # noqa: E402
 from hf_oracle import load_hf  # noqa: E402
-
-
-def _rel(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.abs(a - b).max() / np.abs(b).max())
 
 
 @pytest.fixture(scope="module")

@@ -9,13 +9,10 @@ from gguf.quants import dequantize as oracle
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ds4agent.engine.quants import block_bytes, dequantize
+from ds4agent.engine.quants import dequantize
+from helpers import random_blocks, same_bits
 
 TYPES = [Q.Q8_0, Q.Q2_K, Q.Q4_K, Q.IQ2_XXS]
-
-
-def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
-    return a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32))
 
 
 @pytest.mark.parametrize("qtype", TYPES)
@@ -25,19 +22,13 @@ def test_random_blocks_bit_exact(qtype: Q, data: st.DataObject) -> None:
     n_rows = data.draw(st.integers(1, 4))
     n_blocks = data.draw(st.integers(1, 3))
     seed = data.draw(st.integers(0, 2**32 - 1))
-    raw = np.random.default_rng(seed).integers(0, 256, size=(n_rows, n_blocks * block_bytes(qtype)), dtype=np.uint8)
-    if data.draw(st.booleans()):
-        # Replace the f16 scale fields by ordinary finite values half of the time (random bytes
-        # are often NaN/inf there; those must still match bit for bit, NaN payloads included).
-        scales = np.random.default_rng(seed + 1).normal(0, 0.01, size=raw.size // 2).astype("<f2").view(np.uint8)
-        offs = {Q.Q8_0: [0, 1], Q.Q2_K: [80, 81, 82, 83], Q.Q4_K: [0, 1, 2, 3], Q.IQ2_XXS: [0, 1]}[qtype]
-        bb = block_bytes(qtype)
-        view = raw.reshape(-1, bb)
-        view[:, offs] = scales[: view.shape[0] * len(offs)].reshape(view.shape[0], len(offs))
+    # Ordinary finite scales half of the time; otherwise random bytes, often NaN/inf scales,
+    # which must still match bit for bit, NaN payloads included.
+    raw = random_blocks(qtype, n_rows, n_blocks, seed, finite=data.draw(st.booleans()), scale=0.01)
     ours = np.array(dequantize(raw, qtype))
     with np.errstate(all="ignore"):
         ref = oracle(raw, qtype)
-    assert _same_bits(ours, ref)
+    assert same_bits(ours, ref)
 
 
 @pytest.mark.parametrize("name", ["blk.3.ffn_gate_exps.weight", "blk.3.ffn_up_exps.weight",
@@ -49,7 +40,7 @@ def test_demo_tensors_bit_exact(demo_path, name: str) -> None:
         t = f.tensors[name]
         rows = f.array(name)
         rows = rows[0, :64] if rows.ndim == 3 else rows[:64]
-        assert _same_bits(np.array(dequantize(rows, t.type)), oracle(np.ascontiguousarray(rows), t.type))
+        assert same_bits(np.array(dequantize(rows, t.type)), oracle(np.ascontiguousarray(rows), t.type))
 
 
 def test_q4_k_demo(demo_q4_path) -> None:
@@ -57,14 +48,14 @@ def test_q4_k_demo(demo_q4_path) -> None:
 
     with GGUFFile(demo_q4_path) as f:
         rows = f.array("blk.4.ffn_down_exps.weight")[2]
-        assert _same_bits(np.array(dequantize(rows, Q.Q4_K)), oracle(np.ascontiguousarray(rows), Q.Q4_K))
+        assert same_bits(np.array(dequantize(rows, Q.Q4_K)), oracle(np.ascontiguousarray(rows), Q.Q4_K))
 
 
 def test_plain_types() -> None:
     x = np.random.default_rng(0).normal(size=(3, 64)).astype(np.float32)
-    assert _same_bits(np.array(dequantize(x.view(np.uint8), Q.F32)), x)
+    assert same_bits(np.array(dequantize(x.view(np.uint8), Q.F32)), x)
     h = x.astype(np.float16)
-    assert _same_bits(np.array(dequantize(h.view(np.uint8), Q.F16)), h.astype(np.float32))
+    assert same_bits(np.array(dequantize(h.view(np.uint8), Q.F16)), h.astype(np.float32))
     with pytest.raises(ValueError):
         dequantize(np.zeros((1, 33), np.uint8), Q.Q8_0)
 
@@ -82,9 +73,9 @@ def test_q8_0_repack_is_lossless(demo_path) -> None:
             t = f.tensors[name]
             qm = QMatrix.from_q8_0(f.array(name), t.shape)
             ref = oracle(np.ascontiguousarray(f.array(name)), Q.Q8_0).reshape(t.shape)
-            assert _same_bits(np.array(qm.dequantized()), ref)
+            assert same_bits(np.array(qm.dequantized()), ref)
             x = mx.array(np.random.default_rng(0).normal(size=(3, t.shape[1])).astype(np.float32))
             dense = np.array(x) @ ref.T
             assert np.allclose(np.array(qm.matmul_t(x)), dense, rtol=1e-5, atol=1e-5)
             half = qm.rows(0, t.shape[0] // 2)
-            assert _same_bits(np.array(half.dequantized()), ref[: t.shape[0] // 2])
+            assert same_bits(np.array(half.dequantized()), ref[: t.shape[0] // 2])

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from ds4agent.engine import Engine, SamplingParams
 from ds4agent.sessions.kvfile import KVFileError, read_file, read_header
 from ds4agent.sessions.store import SessionStore, StoreError, title_of
+from helpers import damage
 
 
 @pytest.fixture(scope="module")
@@ -286,14 +287,8 @@ def test_fuzz_reader(tmp_path, data) -> None:
     base = _FUZZ_BASE.get("blob")
     if base is None:
         pytest.skip("no base file")
-    blob = bytearray(base)
-    for _ in range(data.draw(st.integers(1, 8))):
-        pos = data.draw(st.integers(0, min(len(blob), 2000) - 1))
-        blob[pos] = data.draw(st.integers(0, 255))
-    if data.draw(st.booleans()):
-        blob = blob[: data.draw(st.integers(0, len(blob)))]
     p = tmp_path / ("a" * 40 + ".kv")
-    p.write_bytes(bytes(blob))
+    p.write_bytes(damage(base, data.draw, span=2000, hits=8))
     for fn in (read_header, read_file):
         try:
             fn(p)
