@@ -9,6 +9,7 @@ set gives the same logits (to 1e-4) and the same greedy tokens.
 from __future__ import annotations
 
 import os
+import platform
 
 import mlx.core as mx
 import numpy as np
@@ -397,3 +398,46 @@ def test_unusable_cache_is_one_clear_error(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("DS4_HOME", str(tmp_path / "home"))
     with pytest.raises(cpu_build.BuildError, match="could not build the CPU kernels"):
         cpu_build.build()
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86-64 instruction-set variants")
+@pytest.mark.parametrize("march", ["x86-64-v3", "x86-64"])
+def test_other_x86_builds_agree(tmp_path, march: str) -> None:
+    """cpu.c has per-instruction-set branches; -march=native runs only one of them here. Build
+    it for AVX2 without AVX-512 (x86-64-v3) and for plain SSE2 (x86-64) and check those paths:
+    float products against float64, and the AVX2 integer path against this machine's."""
+    import ctypes
+
+    from ds4agent.engine.kernels import cpu_build
+    from ds4agent.engine.quants import iq2xxs_tables
+
+    flags = [f"-march={march}" if f == "-march=native" else f for f in cpu_build.BASE_FLAGS] + ["-fopenmp"]
+    out = tmp_path / f"cpu-{march}.so"
+    cpu_build._compile(cpu_build._compiler(), flags, out)
+    lib = ctypes.CDLL(str(out))
+    P, I = ctypes.c_void_p, ctypes.c_int64
+    lib.ds4_matmul.argtypes = [P, ctypes.c_int, I, I, I, P, I, P, ctypes.c_int]
+    lib.ds4_set_iq2_tables.argtypes = [P, P]
+    grid, signs = iq2xxs_tables()
+    lib.ds4_set_iq2_tables(grid.ctypes.data, signs.ctypes.data)
+    assert lib.ds4_int8_available() == (march == "x86-64-v3")
+    rng = np.random.default_rng(0)
+    for qtype in QUANT + [Q.F16, Q.F32]:
+        n, rows = 512, 21
+        if qtype in (Q.F16, Q.F32):
+            raw = rng.normal(size=(rows, n)).astype(np.float16 if qtype == Q.F16 else np.float32).view(np.uint8)
+        else:
+            raw = _blocks(qtype, rows, n // elements(qtype), 3)
+        w = oracle(raw, qtype).astype(np.float64).reshape(rows, n)
+        for T in (1, 5):
+            x = rng.normal(size=(T, n)).astype(np.float32)
+            for int8 in (0, 1):
+                y = np.empty((T, rows), np.float32)
+                assert lib.ds4_matmul(raw.ctypes.data, int(qtype), raw.shape[1], rows, n, x.ctypes.data, T,
+                                      y.ctypes.data, int8) == 0
+                if int8 and march == "x86-64-v3" and qtype in QUANT:
+                    mine = cpu.matmul_raw(raw, qtype, n, x, int8=True)  # this machine's integer path
+                    assert np.abs(y - mine).max() <= 1e-6 * np.abs(mine).max(), (qtype, T)
+                else:
+                    ref = x.astype(np.float64) @ w.T
+                    assert np.abs(y - ref).max() <= 1e-5 * np.abs(ref).max(), (qtype, T, int8)

@@ -175,6 +175,7 @@ class CpuKernels:
         library()
         self.int8 = not exact and int8_available()
         self._views: dict[str, tuple[np.ndarray, int, int]] = {}
+        self._experts: dict[int, tuple] = {}
         self.name = "cpu" if self.int8 else "cpu-exact"  # what the arithmetic is, not what was asked
         for name, t in weights.file.tensors.items():
             if name.endswith(".weight") and len(t.shape) >= 2 and t.type not in SUPPORTED and "tid2eid" not in name:
@@ -208,11 +209,14 @@ class CpuKernels:
         return mx.array(y)
 
     def experts(self, layer: int, x: mx.array, sel: np.ndarray, weights: mx.array, clamp: float) -> mx.array:
-        f, p = self.w.file, f"blk.{layer}.ffn_"
-        gate, up, down = (f.array(p + k + "_exps.weight") for k in ("gate", "up", "down"))
-        y = moe_raw(np.asarray(x), sel, np.asarray(weights), gate, up, f.tensors[p + "gate_exps.weight"].type,
-                    down, f.tensors[p + "down_exps.weight"].type, clamp, self.int8)
-        return mx.array(y)
+        ex = self._experts.get(layer)
+        if ex is None:  # views of the layer's three expert tensors, made once
+            f, p = self.w.file, f"blk.{layer}.ffn_"
+            ex = self._experts[layer] = (f.array(p + "gate_exps.weight"), f.array(p + "up_exps.weight"),
+                                         f.tensors[p + "gate_exps.weight"].type, f.array(p + "down_exps.weight"),
+                                         f.tensors[p + "down_exps.weight"].type)
+        gate, up, gu_type, down, d_type = ex
+        return mx.array(moe_raw(_f32(x), sel, _f32(weights), gate, up, gu_type, down, d_type, clamp, self.int8))
 
     def attend(self, q: mx.array, keys: mx.array, mask: np.ndarray, sinks: mx.array) -> mx.array:
         return mx.array(attend_np(_f32(q), _f32(keys), mask, _f32(sinks)))

@@ -32,11 +32,12 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 import numpy as np
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as Q
+from gguf.constants import GGMLQuantizationType as Q
 
+from ..gguf import block_info
 from ..quants import iq2xxs_tables
 from ..weights import Weights
-from .reference import ReferenceKernels
+from .reference import ReferenceKernels, sink_softmax
 
 KERNEL_TYPES = frozenset({int(Q.Q8_0), int(Q.Q2_K), int(Q.Q4_K), int(Q.IQ2_XXS)})
 DECODE_MAX_T = 8
@@ -222,9 +223,9 @@ def _launch(kind: str, n_out: int, out_shape: tuple[int, ...], template: dict[st
 
 
 def _row_bytes(qtype: int, n: int) -> int:
-    block, size = GGML_QUANT_SIZES[Q(qtype)]
     if qtype not in KERNEL_TYPES:
         raise ValueError(f"GGML type {Q(qtype).name} has no GPU kernel")
+    block, size = block_info(qtype)
     if n % block:
         raise ValueError(f"row of {n} is not a whole number of {Q(qtype).name} blocks")
     return n // block * size
@@ -327,9 +328,6 @@ class GpuKernels(ReferenceKernels):
         idx = mx.array(visible)
         V = len(visible)
         scores = self._run(plan_scores(H, V, D), [q.reshape(H, D), keys, idx]) * (1.0 / math.sqrt(D))
-        sink = sinks.reshape(H, 1)
-        m = mx.maximum(mx.max(scores, axis=-1, keepdims=True), sink)
-        ex = mx.exp(scores - m)
-        den = mx.exp(sink - m) + mx.sum(ex, axis=-1, keepdims=True)
+        ex, den = sink_softmax(scores, sinks.reshape(H, 1))
         out = self._run(plan_mix(H, V, D), [ex, keys, idx]) / den
         return out.reshape(H, 1, D)

@@ -22,6 +22,15 @@ def swiglu(g: mx.array, u: mx.array, clamp: float) -> mx.array:
     return g * mx.sigmoid(g) * u
 
 
+def sink_softmax(scores: mx.array, sink: mx.array) -> tuple[mx.array, mx.array]:
+    """Softmax over the last axis with one extra learned logit (the sink, broadcast against
+    ``scores`` with a trailing axis of 1) that takes probability but contributes no value:
+    returns the unnormalised weights and their denominator."""
+    m = mx.maximum(mx.max(scores, axis=-1, keepdims=True), sink)
+    ex = mx.exp(scores - m)
+    return ex, mx.exp(sink - m) + mx.sum(ex, axis=-1, keepdims=True)
+
+
 def attend_mx(q: mx.array, keys: mx.array, mask: np.ndarray, sinks: mx.array) -> mx.array:
     """Softmax attention with one learned sink logit per head; keys are also the values.
 
@@ -29,10 +38,7 @@ def attend_mx(q: mx.array, keys: mx.array, mask: np.ndarray, sinks: mx.array) ->
     H, D = q.shape[0], q.shape[-1]
     scores = (q @ keys.T) * (1.0 / math.sqrt(D))  # (H, T, N)
     scores = mx.where(mx.array(mask)[None], scores, -mx.inf)
-    sink = sinks.reshape(H, 1, 1)
-    m = mx.maximum(mx.max(scores, axis=-1, keepdims=True), sink)
-    ex = mx.exp(scores - m)
-    den = mx.exp(sink - m) + mx.sum(ex, axis=-1, keepdims=True)
+    ex, den = sink_softmax(scores, sinks.reshape(H, 1, 1))
     return (ex @ keys) / den
 
 
