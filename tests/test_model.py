@@ -12,6 +12,7 @@ Findings from settling oracle vs spec/model.md (both agree with the official def
 
 from __future__ import annotations
 
+import mlx.core as mx
 import numpy as np
 import pytest
 
@@ -159,11 +160,13 @@ def test_qat_changes_logits_a_little(demo_path) -> None:
 
 def test_compiled_graph_equals_eager(demo_path, monkeypatch) -> None:
     """The mx.compile'd runs of small ops (model.fused) compute exactly what the plain ops do:
-    prefill and decode logits and the cached rows, FP8 simulation on, bit for bit."""
+    prefill and decode logits and the cached rows, FP8 simulation on, bit for bit. (On the MLX
+    path: the reference kernels. The CPU kernels run the small ops in numpy, uncompiled.)"""
     from ds4agent.engine import model
 
     def run() -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
-        with Engine.open(demo_path, backend="cpu", ctx=1024, kernels="cpu-exact") as e:
+        with Engine.open(demo_path, backend="cpu", ctx=1024, kernels="reference") as e:
+            assert e._model.xp is mx
             s = e.session()
             s.prefill_chunk = 96
             s.sync(_prompt(300, 12))

@@ -6,6 +6,9 @@ a batch computes all its projections at once, then reproduces the token-by-token
 with masks (the raw window, compressed rows emitted so far, indexer choices), never by
 peeking at later tokens. Dimensions come from ModelConfig; nothing is specialised to 43 layers.
 
+Arrays are MLX arrays, or numpy arrays when the CPU kernels run (engine/xp.py says why): the
+helpers below take the namespace of their input, the Model that of its kernels.
+
 Shapes: T tokens, E hidden, hc streams, H heads of D dims (the last n_rot rotate), G output
 groups, r compression ratio, W compressor width (2·D on ratio 4, D on ratio 128).
 """
@@ -24,6 +27,7 @@ from .kernels import Kernels
 from .kernels.reference import ReferenceKernels, swiglu
 from .state import NEG_INF, Frontier, LayerState, ModelState
 from .weights import Weights
+from .xp import NP, of, to
 
 ROUTE_WEIGHT_FLOOR = 6.103515625e-5  # 2^-14: floor of the sum of selected router scores
 
@@ -34,7 +38,8 @@ class Options:
 
 
 def rms_norm(x: mx.array, w: mx.array | None, eps: float) -> mx.array:
-    y = x * mx.rsqrt(mx.mean(x * x, axis=-1, keepdims=True) + eps)
+    xp = of(x)
+    y = x * xp.rsqrt(xp.mean(x * x, axis=-1, keepdims=True) + eps)
     return y if w is None else y * w
 
 
@@ -48,11 +53,13 @@ def fused(fn, *static):
     its own dispatch (on a GPU, its own kernel launch). Compiled, runs of elementwise ops become
     a few fused kernels with the same float operations: the tests run the model both ways and
     the logits and the FP8-rounded cache agree bit for bit. On the CPU it measured no
-    end-to-end gain (the Sinkhorn comb alone: 0.52 ms eager, 0.28 ms compiled per call)."""
+    end-to-end gain (the Sinkhorn comb alone: 0.52 ms eager, 0.28 ms compiled per call).
+    numpy arrays (the CPU kernels path) run ``fn`` directly."""
     key = (fn, static)
     f = _FUSED.get(key)
     if f is None:
-        f = _FUSED[key] = mx.compile(lambda *arrays: fn(*arrays, *static))
+        compiled = mx.compile(lambda *arrays: fn(*arrays, *static))
+        f = _FUSED[key] = lambda *arrays: compiled(*arrays) if isinstance(arrays[0], mx.array) else fn(*arrays, *static)
     return f
 
 
@@ -85,9 +92,9 @@ class Rope:
         ramp = 1.0 - np.clip((k - low) / max(0.001, high - low), 0.0, 1.0)
         self.yarn = ext * (ramp + (1.0 - ramp) / cfg.rope_scaling_factor)
 
-    def tables(self, positions: np.ndarray, compressed: bool) -> tuple[mx.array, mx.array]:
+    def tables(self, positions: np.ndarray, compressed: bool, xp=mx) -> tuple[mx.array, mx.array]:
         theta = np.asarray(positions, dtype=np.float64)[:, None] * (self.yarn if compressed else self.plain)[None, :]
-        return mx.array(np.cos(theta).astype(np.float32)), mx.array(np.sin(theta).astype(np.float32))
+        return xp.array(np.cos(theta).astype(np.float32)), xp.array(np.sin(theta).astype(np.float32))
 
     @staticmethod
     def apply(x: mx.array, cos: mx.array, sin: mx.array, n_rot: int, inverse: bool = False) -> mx.array:
@@ -97,8 +104,9 @@ class Rope:
         tail = x[..., d:].reshape(*x.shape[:-1], n_rot // 2, 2)
         a, b = tail[..., 0], tail[..., 1]
         s = -sin if inverse else sin
-        rot = mx.stack([a * cos - b * s, a * s + b * cos], axis=-1).reshape(*x.shape[:-1], n_rot)
-        return mx.concatenate([x[..., :d], rot], axis=-1)
+        xp = of(x)
+        rot = xp.stack([a * cos - b * s, a * s + b * cos], axis=-1).reshape(*x.shape[:-1], n_rot)
+        return xp.concatenate([x[..., :d], rot], axis=-1)
 
 
 # -- hyper-connections --------------------------------------------------------------------------
@@ -106,14 +114,15 @@ class Rope:
 def _hc_weights(mix: mx.array, scale: mx.array, base: mx.array, hc: int, eps: float, iters: int):
     """The hyper-connection weights from the mixing projection: pre (T, hc), post (T, hc) and
     the Sinkhorn-balanced comb (T, hc, hc)."""
-    pre = mx.sigmoid(mix[:, :hc] * scale[0] + base[:hc]) + eps
-    post = 2.0 * mx.sigmoid(mix[:, hc : 2 * hc] * scale[1] + base[hc : 2 * hc])
+    xp = of(mix)
+    pre = xp.sigmoid(mix[:, :hc] * scale[0] + base[:hc]) + eps
+    post = 2.0 * xp.sigmoid(mix[:, hc : 2 * hc] * scale[1] + base[hc : 2 * hc])
     M = (mix[:, 2 * hc :] * scale[2] + base[2 * hc :]).reshape(-1, hc, hc)  # M[t, src, dst]
-    M = mx.softmax(M, axis=-1) + eps
-    M = M / (mx.sum(M, axis=-2, keepdims=True) + eps)
+    M = xp.softmax(M, axis=-1) + eps
+    M = M / (xp.sum(M, axis=-2, keepdims=True) + eps)
     for _ in range(iters - 1):
-        M = M / (mx.sum(M, axis=-1, keepdims=True) + eps)
-        M = M / (mx.sum(M, axis=-2, keepdims=True) + eps)
+        M = M / (xp.sum(M, axis=-1, keepdims=True) + eps)
+        M = M / (xp.sum(M, axis=-2, keepdims=True) + eps)
     return pre, post, M
 
 
@@ -124,7 +133,7 @@ def _hc_flat(X: mx.array, eps: float) -> mx.array:
 
 def _hc_mixed(X: mx.array, mix: mx.array, scale: mx.array, base: mx.array, hc: int, eps: float, iters: int):
     pre, post, M = _hc_weights(mix, scale, base, hc, eps, iters)
-    return mx.sum(pre[:, :, None] * X, axis=1), post, M
+    return of(X).sum(pre[:, :, None] * X, axis=1), post, M
 
 
 def hc_pre(X: mx.array, project, scale: mx.array, base: mx.array, cfg: ModelConfig):
@@ -136,14 +145,15 @@ def hc_pre(X: mx.array, project, scale: mx.array, base: mx.array, cfg: ModelConf
 
 def hc_post(y: mx.array, X: mx.array, post: mx.array, M: mx.array) -> mx.array:
     """X_new[t, j] = post[t, j]·y[t] + Σ_i M[t, i, j]·X[t, i]  (Mᵀ, not M)."""
-    return post[:, :, None] * y[:, None, :] + mx.swapaxes(M, 1, 2) @ X
+    return post[:, :, None] * y[:, None, :] + of(M).swapaxes(M, 1, 2) @ X
 
 
 # -- compressor ---------------------------------------------------------------------------------
 
 def _pool(kv: mx.array, score: mx.array) -> mx.array:
     """Softmax over the window rows independently per channel, then the weighted sum."""
-    return mx.sum(mx.softmax(score, axis=-2) * kv, axis=-2)
+    xp = of(kv)
+    return xp.sum(xp.softmax(score, axis=-2) * kv, axis=-2)
 
 
 def compressor_step(fr: Frontier, ratio: int, n0: int, kv: mx.array, score: mx.array) -> tuple[mx.array, Frontier, int]:
@@ -153,10 +163,11 @@ def compressor_step(fr: Frontier, ratio: int, n0: int, kv: mx.array, score: mx.a
     for ratio 128 and W/2 for ratio 4), the new frontier, and the position of the first
     token of the first emitted window (each later window starts ``ratio`` further on).
     """
+    xp = of(kv)
     pending = n0 % ratio
     cur_off = 4 if ratio == 4 else 0  # ratio 4 keeps the previous window in rows 0..3
-    seq_kv = mx.concatenate([fr.kv[cur_off : cur_off + pending], kv], axis=0)
-    seq_sc = mx.concatenate([fr.score[cur_off : cur_off + pending], score], axis=0)
+    seq_kv = xp.concatenate([fr.kv[cur_off : cur_off + pending], kv], axis=0)
+    seq_sc = xp.concatenate([fr.score[cur_off : cur_off + pending], score], axis=0)
     L, W = seq_kv.shape
     n_emit = L // ratio
     rem = L - n_emit * ratio
@@ -164,23 +175,23 @@ def compressor_step(fr: Frontier, ratio: int, n0: int, kv: mx.array, score: mx.a
     win_sc = seq_sc[: n_emit * ratio].reshape(n_emit, ratio, W)
     if ratio == 4:
         d = W // 2
-        prev_kv = mx.concatenate([fr.kv[None, 0:4], win_kv[:-1]], axis=0)
-        prev_sc = mx.concatenate([fr.score[None, 0:4], win_sc[:-1]], axis=0)
+        prev_kv = xp.concatenate([fr.kv[None, 0:4], win_kv[:-1]], axis=0)
+        prev_sc = xp.concatenate([fr.score[None, 0:4], win_sc[:-1]], axis=0)
         # Lane A: channels [0, d) of the previous window; lane B: [d, 2d) of this one.
-        pooled = _pool(mx.concatenate([prev_kv[..., :d], win_kv[..., d:]], axis=1),
-                       mx.concatenate([prev_sc[..., :d], win_sc[..., d:]], axis=1)) if n_emit else mx.zeros((0, d))
+        pooled = _pool(xp.concatenate([prev_kv[..., :d], win_kv[..., d:]], axis=1),
+                       xp.concatenate([prev_sc[..., :d], win_sc[..., d:]], axis=1)) if n_emit else xp.zeros((0, d), xp.float32)
         last_kv = win_kv[-1] if n_emit else fr.kv[0:4]
         last_sc = win_sc[-1] if n_emit else fr.score[0:4]
         tail_kv, tail_sc = seq_kv[n_emit * 4 :], seq_sc[n_emit * 4 :]
         new = Frontier(
-            mx.concatenate([last_kv, tail_kv, mx.zeros((4 - rem, W))], axis=0),
-            mx.concatenate([last_sc, tail_sc, mx.full((4 - rem, W), NEG_INF)], axis=0),
+            xp.concatenate([last_kv, tail_kv, xp.zeros((4 - rem, W), xp.float32)], axis=0),
+            xp.concatenate([last_sc, tail_sc, xp.full((4 - rem, W), NEG_INF, xp.float32)], axis=0),
         )
     else:
-        pooled = _pool(win_kv, win_sc) if n_emit else mx.zeros((0, W))
+        pooled = _pool(win_kv, win_sc) if n_emit else xp.zeros((0, W), xp.float32)
         new = Frontier(
-            mx.concatenate([seq_kv[n_emit * ratio :], mx.zeros((ratio - rem, W))], axis=0),
-            mx.concatenate([seq_sc[n_emit * ratio :], mx.full((ratio - rem, W), NEG_INF)], axis=0),
+            xp.concatenate([seq_kv[n_emit * ratio :], xp.zeros((ratio - rem, W), xp.float32)], axis=0),
+            xp.concatenate([seq_sc[n_emit * ratio :], xp.full((ratio - rem, W), NEG_INF, xp.float32)], axis=0),
         )
     return pooled, new, n0 - pending
 
@@ -188,7 +199,7 @@ def compressor_step(fr: Frontier, ratio: int, n0: int, kv: mx.array, score: mx.a
 def _query(q: mx.array, cos: mx.array, sin: mx.array, H: int, D: int, R: int, eps: float) -> mx.array:
     """q_b output (T, H·D) -> per-head RMS-normalised, rotated queries (H, T, D)."""
     q = rms_norm(q.reshape(q.shape[0], H, D), None, eps)
-    return Rope.apply(mx.swapaxes(q, 0, 1), cos, sin, R)
+    return Rope.apply(of(q).swapaxes(q, 0, 1), cos, sin, R)
 
 
 def _kv_round(rows: mx.array, n_rot: int) -> mx.array:
@@ -204,6 +215,18 @@ class Model:
         self.opt = options
         self.rope = Rope(self.cfg)
         self.k = kernels or ReferenceKernels(weights)
+        self.xp = getattr(self.k, "xp", mx)  # the array namespace the kernels take and return
+        self._params: dict[str, np.ndarray] = {}
+
+    def param(self, name: str):
+        """A small dense tensor (norm weights, biases, hyper-connection scales, sinks) in the
+        model's namespace; the numpy copies are made once."""
+        if self.xp is mx:
+            return self.w.get(name)
+        a = self._params.get(name)
+        if a is None:
+            a = self._params[name] = np.array(to(NP, self.w.get(name)), dtype=np.float32)
+        return a
 
     # The forward pass ------------------------------------------------------------------------
     def forward(self, ids: np.ndarray, state: ModelState, all_logits: bool = False) -> mx.array:
@@ -214,20 +237,22 @@ class Model:
         T = len(ids)
         p0 = state.n_tokens
         pos = np.arange(p0, p0 + T)
-        tables = {c: self.rope.tables(pos, c) for c in (False, True)}
-        e = self.w.embed(ids)
-        X = mx.broadcast_to(e[:, None, :], (T, cfg.hc_count, cfg.n_embd))
+        xp = self.xp
+        state.use(xp)
+        tables = {c: self.rope.tables(pos, c, xp) for c in (False, True)}
+        e = xp.array(self.w.embed(ids))
+        X = xp.broadcast_to(e[:, None, :], (T, cfg.hc_count, cfg.n_embd))
         for i in range(cfg.n_layer):
             X = self._layer(i, X, ids, pos, tables, state.layers[i], p0)
-            mx.eval(X)  # one layer's graph at a time keeps peak memory to a layer's temporaries
+            xp.eval(X)  # one layer's graph at a time keeps peak memory to a layer's temporaries
         state.n_tokens = p0 + T
-        mx.eval(*state.arrays())
+        xp.eval(*state.arrays())
         if all_logits:
             return self._head(X)
         return self._head(X[-1:])[0]
 
     def _layer(self, i: int, X, ids, pos, tables, st: LayerState, p0: int) -> mx.array:
-        w = self.w.get
+        w = self.param
         p = f"blk.{i}."
         x, post, M = self.k.hc_pre(X, p + "hc_attn_fn.weight", w(p + "hc_attn_scale.weight"), w(p + "hc_attn_base.weight"))
         y = self._attention(i, x, pos, tables, st, p0)
@@ -238,7 +263,7 @@ class Model:
 
     # Attention -------------------------------------------------------------------------------
     def _attention(self, i: int, x: mx.array, pos: np.ndarray, tables, st: LayerState, p0: int) -> mx.array:
-        cfg, w, lin, p = self.cfg, self.w.get, self.k.linear, f"blk.{i}."
+        cfg, w, lin, p, xp = self.cfg, self.param, self.k.linear, f"blk.{i}.", self.xp
         T, H, D, R = x.shape[0], cfg.n_head, cfg.head_dim, cfg.n_rot
         ratio = cfg.ratio(i)
         cos, sin = tables[ratio != 0]
@@ -255,28 +280,28 @@ class Model:
             rows, st.comp_frontier, start = self._compress(i, a, p0, st.comp_frontier, ratio, "attn_compressor")
             if rows.shape[0]:
                 rpos = start + ratio * np.arange(rows.shape[0])
-                c, s = self.rope.tables(rpos, True)
-                st.comp = mx.concatenate([st.comp, self._finish_kv(fused(Rope.apply, R)(rows, c, s))], axis=0)
+                c, s = self.rope.tables(rpos, True, xp)
+                st.comp = xp.concatenate([st.comp, self._finish_kv(fused(Rope.apply, R)(rows, c, s))], axis=0)
             if ratio == 4:
                 selected = self._indexer(i, a, qr, pos, tables[True], st, p0)
 
         # Raw window: earlier rows (positions p0-n_raw .. p0-1) then this batch.
-        keys = mx.concatenate([st.raw, kv], axis=0)
+        keys = xp.concatenate([st.raw, kv], axis=0)
         kpos = np.arange(p0 - st.raw.shape[0], p0 + T)
         visible = (kpos[None, :] <= pos[:, None]) & (kpos[None, :] > pos[:, None] - cfg.sliding_window)
         mask = visible
         if ratio:
-            keys = mx.concatenate([keys, st.comp], axis=0)
+            keys = xp.concatenate([keys, st.comp], axis=0)
             n_vis = (pos + 1) // ratio
             cvis = np.arange(st.comp.shape[0])[None, :] < n_vis[:, None]
             if selected is not None:
                 cvis &= selected
             mask = np.concatenate([visible, cvis], axis=1)
-        st.raw = mx.concatenate([st.raw, kv], axis=0)[-cfg.sliding_window :]
+        st.raw = xp.concatenate([st.raw, kv], axis=0)[-cfg.sliding_window :]
 
         out = self.k.attend(q, keys, mask, w(p + "attn_sinks.weight"))  # (H, T, D): K = V
         out = fused(Rope.apply, R, True)(out, cos, sin)
-        out = mx.swapaxes(out, 0, 1)  # (T, H, D)
+        out = xp.swapaxes(out, 0, 1)  # (T, H, D)
 
         # Grouped projection: group g = contiguous heads, through rows g·rank..(g+1)·rank of
         # attn_output_a; not one big matmul over all heads.
@@ -291,10 +316,10 @@ class Model:
 
     def _compress(self, i: int, a: mx.array, p0: int, fr: Frontier, ratio: int, prefix: str):
         """Project, pool completed windows, RMS-normalise. Returns (rows, frontier, start)."""
-        w, p = self.w.get, f"blk.{i}."
+        w, p = self.param, f"blk.{i}."
         T = a.shape[0]
         ape = w(p + f"{prefix}_ape.weight")  # (ratio, W), indexed by position % ratio
-        phase = mx.array((np.arange(p0, p0 + T) % ratio).astype(np.int32))
+        phase = self.xp.array((np.arange(p0, p0 + T) % ratio).astype(np.int32))
         kv = self.k.linear(a, p + f"{prefix}_kv.weight")
         sc = self.k.linear(a, p + f"{prefix}_gate.weight") + ape[phase]
         pooled, fr, start = compressor_step(fr, ratio, p0, kv, sc)
@@ -303,15 +328,15 @@ class Model:
     def _indexer(self, i: int, a, qr, pos: np.ndarray, table, st: LayerState, p0: int) -> np.ndarray | None:
         """Update the indexer rows; return the (T, n_comp) selection mask, or None when every
         query sees at most top_k rows (then all visible rows are attended)."""
-        cfg, p = self.cfg, f"blk.{i}."
+        cfg, p, xp = self.cfg, f"blk.{i}.", self.xp
         Di, Hi, R = cfg.indexer_head_dim, cfg.indexer_n_head, cfg.n_rot
         rows, st.idx_frontier, start = self._compress(i, a, p0, st.idx_frontier, 4, "indexer_compressor")
         if rows.shape[0]:
-            c, s = self.rope.tables(start + 4 * np.arange(rows.shape[0]), True)
+            c, s = self.rope.tables(start + 4 * np.arange(rows.shape[0]), True, xp)
             rows = Rope.apply(rows, c, s, R)
             if self.opt.qat_sim:
                 rows = qat.f16_round(qat.indexer_round(rows))
-            st.idx_comp = mx.concatenate([st.idx_comp, rows], axis=0)
+            st.idx_comp = xp.concatenate([st.idx_comp, rows], axis=0)
         n_vis = (pos + 1) // 4
         k = cfg.indexer_top_k
         if n_vis.max() <= k:
@@ -319,12 +344,12 @@ class Model:
         cos, sin = table
         T = a.shape[0]
         qi = self.k.linear(qr, p + "indexer.attn_q_b.weight").reshape(T, Hi, Di)
-        qi = mx.swapaxes(Rope.apply(mx.swapaxes(qi, 0, 1), cos, sin, R), 0, 1)  # (T, Hi, Di)
+        qi = xp.swapaxes(Rope.apply(xp.swapaxes(qi, 0, 1), cos, sin, R), 0, 1)  # (T, Hi, Di)
         if self.opt.qat_sim:
             qi = qat.indexer_round(qi)
         wi = self.k.linear(a, p + "indexer.proj.weight") * (1.0 / math.sqrt(Di * Hi))  # (T, Hi)
-        dots = mx.maximum(self.k.matmul(qi, st.idx_comp.T), 0.0)  # (T, Hi, C): relu before weighting
-        scores = np.array(mx.sum(dots * wi[:, :, None], axis=1))  # (T, C)
+        dots = xp.maximum(self.k.matmul(qi, st.idx_comp.T), 0.0)  # (T, Hi, C): relu before weighting
+        scores = np.array(to(NP, xp.sum(dots * wi[:, :, None], axis=1)))  # (T, C)
         C = scores.shape[1]
         cols = np.arange(C)
         scores = np.where(cols[None, :] < n_vis[:, None], scores, -np.inf)
@@ -337,20 +362,21 @@ class Model:
 
     # Mixture of experts ----------------------------------------------------------------------
     def _ffn(self, i: int, x: mx.array, ids: np.ndarray) -> mx.array:
-        cfg, w, p = self.cfg, self.w.get, f"blk.{i}."
+        cfg, w, p, xp = self.cfg, self.param, f"blk.{i}.", self.xp
         f = fused(_norm, cfg.rms_eps)(x, w(p + "ffn_norm.weight"))
         logits = self.k.linear(f, p + "ffn_gate_inp.weight")
-        prob = mx.sqrt(mx.where(logits > 20, logits, mx.where(logits < -20, mx.exp(logits), mx.log1p(mx.exp(logits)))))
+        # sqrt(softplus), ds4's piecewise form; exp of at most 20 (never overflows in numpy).
+        ex = xp.exp(xp.minimum(logits, 20.0))
+        prob = xp.sqrt(xp.where(logits > 20, logits, xp.where(logits < -20, ex, xp.log1p(ex))))
         k = cfg.n_expert_used
         if cfg.is_hash_layer(i):
             sel = self.w.hash_experts(i, ids)  # experts of the token being processed
         else:
             biased = prob + w(p + "exp_probs_b.bias") if self.w.has(p + "exp_probs_b.bias") else prob
             sel = np.argsort(-np.array(biased), axis=1, kind="stable")[:, :k]  # ties -> lower index
-        sel_mx = mx.array(sel.astype(np.int32))
-        chosen = mx.take_along_axis(prob, sel_mx, axis=1)  # unbiased scores weight the experts
+        chosen = xp.take_along_axis(prob, xp.array(sel.astype(np.int32)), axis=1)  # unbiased scores weight the experts
         if cfg.expert_weights_norm:
-            chosen = chosen / mx.maximum(mx.sum(chosen, axis=1, keepdims=True), ROUTE_WEIGHT_FLOOR)
+            chosen = chosen / xp.maximum(xp.sum(chosen, axis=1, keepdims=True), ROUTE_WEIGHT_FLOOR)
         weights = chosen * cfg.expert_weights_scale  # (T, k)
 
         clamp = cfg.swiglu_clamp[i]
@@ -362,10 +388,10 @@ class Model:
 
     # Output head -----------------------------------------------------------------------------
     def _head(self, X: mx.array) -> mx.array:
-        cfg, w = self.cfg, self.w.get
+        cfg, w, xp = self.cfg, self.param, self.xp
         T, hc, E = X.shape
         flat = rms_norm(X.reshape(T, hc * E), None, cfg.rms_eps)
         pre = self.k.linear(flat, "output_hc_fn.weight")
-        wts = mx.sigmoid(pre * w("output_hc_scale.weight")[0] + w("output_hc_base.weight")) + cfg.hc_eps
-        e = mx.sum(wts[:, :, None] * X, axis=1)
+        wts = xp.sigmoid(pre * w("output_hc_scale.weight")[0] + w("output_hc_base.weight")) + cfg.hc_eps
+        e = xp.sum(wts[:, :, None] * X, axis=1)
         return self.k.linear(rms_norm(e, w("output_norm.weight"), cfg.rms_eps), "output.weight")

@@ -1,4 +1,5 @@
-"""FP8/FP4 KV simulation of DeepSeek V4 (spec/model.md §3.4c–e), in MLX float32 ops.
+"""FP8/FP4 KV simulation of DeepSeek V4 (spec/model.md §3.4c–e), in float32 ops of MLX or
+numpy (whichever the input is; see xp.py).
 
 The official model was trained with its KV cache rounded to FP8 (E4M3) on the non-RoPE dims
 and its indexer keys/queries to FP4 (E2M1) after a Hadamard rotation, so inference applies the
@@ -20,6 +21,10 @@ import math
 import mlx.core as mx
 import numpy as np
 
+from .xp import of
+
+Array = mx.array | np.ndarray
+
 E4M3_MAX = 448.0
 E2M1_MAX = 6.0
 FP8_BLOCK = 64
@@ -29,7 +34,7 @@ FP4_AMAX_FLOOR = 6.0 * 2.0**-126  # ≈ 7.052966e-38: keeps amax/6 a normal floa
 _ROUND_MAGIC = 12582912.0  # 1.5·2^23: x + M - M rounds x (|x| < 2^22) half-to-even in float32
 
 
-def _ceil_log2_table() -> mx.array:
+def _ceil_log2_table() -> np.ndarray:
     """For each biased exponent E (e = E-127): smallest 23-bit mantissa m > 0 for which
     float32(log2(2^e·(1+m·2^-23))) > e. Below it log2f rounds down to exactly e."""
     table = np.zeros(256, dtype=np.int32)
@@ -53,87 +58,97 @@ def _ceil_log2_table() -> mx.array:
         while math.log2(1 + m * 2.0**-23) < half_gap:
             m += 1
         table[E] = m
-    return mx.array(table)
+    return table
 
 
-_CEIL_LOG2_MIN_MANTISSA = _ceil_log2_table()
+_MIN_MANTISSA_NP = _ceil_log2_table()
+_MIN_MANTISSA_MX = mx.array(_MIN_MANTISSA_NP)
 
 
-def pow2_ceil_log2(r: mx.array) -> mx.array:
+def pow2_ceil_log2(r: Array) -> Array:
     """2^ceil(log2f(r)) for positive normal float32 r, bit-exact with C's ceilf(log2f(r))."""
-    bits = r.view(mx.int32)
+    xp = of(r)
+    bits = r.view(xp.int32)
     biased = (bits >> 23) & 0xFF
     mant = bits & 0x7FFFFF
-    bump = (mant >= _CEIL_LOG2_MIN_MANTISSA[biased]) & (mant != 0)
-    exp = biased + bump.astype(mx.int32)
-    return (exp << 23).view(mx.float32)
+    table = _MIN_MANTISSA_MX if xp is mx else _MIN_MANTISSA_NP
+    bump = (mant >= table[biased]) & (mant != 0)
+    exp = biased + bump.astype(xp.int32)
+    return (exp << 23).view(xp.float32)
 
 
-def _round_half_even(x: mx.array) -> mx.array:
+def _round_half_even(x: Array) -> Array:
     return (x + _ROUND_MAGIC) - _ROUND_MAGIC
 
 
-def _grid_round(v: mx.array, mantissa_bits: int, min_normal_exp: int) -> mx.array:
+def _grid_round(v: Array, mantissa_bits: int, min_normal_exp: int) -> Array:
     """Round to the nearest value of a float format with ``mantissa_bits`` and smallest normal
     exponent ``min_normal_exp`` (ties to even code); |v| must already be within range."""
-    a = mx.abs(v)
-    biased = (a.view(mx.int32) >> 23) & 0xFF
-    e = mx.maximum(biased - 127, min_normal_exp)  # subnormals share the smallest step
-    step = ((e - mantissa_bits + 127) << 23).view(mx.float32)
+    xp = of(v)
+    a = xp.abs(v)
+    biased = (a.view(xp.int32) >> 23) & 0xFF
+    e = xp.maximum(biased - 127, min_normal_exp)  # subnormals share the smallest step
+    step = ((e - mantissa_bits + 127) << 23).view(xp.float32)
     q = _round_half_even(a / step) * step
-    return mx.where(v < 0, -q, q)
+    return xp.where(v < 0, -q, q)
 
 
-def e4m3_round(x: mx.array) -> mx.array:
+def e4m3_round(x: Array) -> Array:
     """Nearest float8 E4M3FN value (saturating at ±448), as float32."""
-    return _grid_round(mx.clip(x, -E4M3_MAX, E4M3_MAX), 3, -6)
+    return _grid_round(of(x).clip(x, -E4M3_MAX, E4M3_MAX), 3, -6)
 
 
-def e2m1_round(x: mx.array) -> mx.array:
+def e2m1_round(x: Array) -> Array:
     """Nearest float4 E2M1 value (saturating at ±6), as float32."""
-    return _grid_round(mx.clip(x, -E2M1_MAX, E2M1_MAX), 1, 0)
+    return _grid_round(of(x).clip(x, -E2M1_MAX, E2M1_MAX), 1, 0)
 
 
-def _block_round(x: mx.array, block: int, qmax: float, floor: float, rounder) -> mx.array:
+def _block_round(x: Array, block: int, qmax: float, floor: float, rounder) -> Array:
     shape = x.shape
     b = x.reshape(*shape[:-1], shape[-1] // block, block)
-    amax = mx.maximum(mx.max(mx.abs(b), axis=-1, keepdims=True), floor)
+    xp = of(x)
+    amax = xp.maximum(xp.max(xp.abs(b), axis=-1, keepdims=True), floor)
     scale = pow2_ceil_log2(amax / qmax)
-    y = rounder(mx.clip(b / scale, -qmax, qmax)) * scale
+    y = rounder(xp.clip(b / scale, -qmax, qmax)) * scale
     return y.reshape(shape)
 
 
-def fp8_kv_round(x: mx.array, n_rot: int) -> mx.array:
+def fp8_kv_round(x: Array, n_rot: int) -> Array:
     """FP8 E4M3 round trip of the non-RoPE dims of KV rows, in 64-wide blocks; the last
     ``n_rot`` (RoPE) dims pass through unchanged."""
     d = x.shape[-1] - n_rot
+    xp = of(x)
     head = _block_round(x[..., :d], FP8_BLOCK, E4M3_MAX, FP8_AMAX_FLOOR, e4m3_round)
-    return mx.concatenate([head, x[..., d:]], axis=-1)
+    return xp.concatenate([head, x[..., d:]], axis=-1)
 
 
-def fp4_round(x: mx.array) -> mx.array:
+def fp4_round(x: Array) -> Array:
     """FP4 E2M1 round trip in 32-wide blocks (indexer activations)."""
     return _block_round(x, FP4_BLOCK, E2M1_MAX, FP4_AMAX_FLOOR, e2m1_round)
 
 
-def hadamard(x: mx.array) -> mx.array:
+def hadamard(x: Array) -> Array:
     """Unnormalised Walsh–Hadamard butterfly over the last axis (strides 1, 2, 4, ...), then
     scaled by 1/sqrt(n). The float32 butterfly order is ds4's, so rounding matches."""
+    xp = of(x)
     n = x.shape[-1]
     lead = x.shape[:-1]
     h = 1
     while h < n:
         y = x.reshape(*lead, n // (2 * h), 2, h)
         a, b = y[..., 0, :], y[..., 1, :]
-        x = mx.stack([a + b, a - b], axis=-2).reshape(*lead, n)
+        x = xp.stack([a + b, a - b], axis=-2).reshape(*lead, n)
         h *= 2
     return x * np.float32(1.0 / math.sqrt(n))
 
 
-def indexer_round(x: mx.array) -> mx.array:
+def indexer_round(x: Array) -> Array:
     """Indexer keys and queries: Hadamard rotation, then FP4."""
     return fp4_round(hadamard(x))
 
 
-def f16_round(x: mx.array) -> mx.array:
-    return x.astype(mx.float16).astype(mx.float32)
+def f16_round(x: Array) -> Array:
+    if isinstance(x, mx.array):
+        return x.astype(mx.float16).astype(mx.float32)
+    with np.errstate(over="ignore"):  # beyond f16 range is inf, as in the cache ds4 writes
+        return x.astype(np.float16).astype(np.float32)

@@ -17,6 +17,7 @@ import mlx.core as mx
 import numpy as np
 
 from .config import ModelConfig
+from .xp import to
 
 # ds4's "empty" score: exp(NEG_INF - m) is exactly 0, and unlike -inf it cannot produce NaN.
 NEG_INF = -1e30
@@ -46,6 +47,7 @@ class LayerState:
 class ModelState:
     layers: list[LayerState] = field(default_factory=list)
     n_tokens: int = 0
+    xp: object = mx  # the array namespace the arrays are in (engine/xp.py)
 
     @classmethod
     def empty(cls, cfg: ModelConfig) -> "ModelState":
@@ -61,6 +63,20 @@ class ModelState:
                 st.idx_frontier = Frontier.empty(8, 2 * cfg.indexer_head_dim)
             layers.append(st)
         return cls(layers, 0)
+
+    def use(self, xp: object) -> None:
+        """Move every array into namespace ``xp``: states start, and snapshots load, as MLX
+        arrays; the CPU kernels path runs on numpy. Once per state, not per token."""
+        if self.xp is xp:
+            return
+        for st in self.layers:
+            st.raw = to(xp, st.raw)
+            st.comp = None if st.comp is None else to(xp, st.comp)
+            st.idx_comp = None if st.idx_comp is None else to(xp, st.idx_comp)
+            for fr in (st.comp_frontier, st.idx_frontier):
+                if fr is not None:
+                    fr.kv, fr.score = to(xp, fr.kv), to(xp, fr.score)
+        self.xp = xp
 
     def arrays(self) -> list[mx.array]:
         out = []

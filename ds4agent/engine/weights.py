@@ -52,9 +52,9 @@ class Weights:
             self._cache[name] = w
         return w
 
-    def embed(self, ids: np.ndarray) -> mx.array:
-        rows = self.file.array("token_embd.weight")[ids]
-        return mx.array(rows.astype(np.float32))
+    def embed(self, ids: np.ndarray) -> np.ndarray:
+        """The embedding rows of ``ids`` as float32 (T, n_embd), gathered from the mmap."""
+        return self.file.array("token_embd.weight")[ids].astype(np.float32)
 
     def hash_experts(self, layer: int, ids: np.ndarray) -> np.ndarray:
         return np.asarray(self.file.array(f"blk.{layer}.ffn_gate_tid2eid.weight")[ids], dtype=np.int64)

@@ -32,6 +32,7 @@ CHOICES = ("auto", "reference", "cpu", "cpu-exact", "metal", "cuda")
 
 class Kernels(Protocol):
     name: str
+    xp: object  # the array namespace taken and returned: mx, or xp.NP for the CPU kernels
 
     def linear(self, x: mx.array, name: str, rows: tuple[int, int] | None = None) -> mx.array: ...
 

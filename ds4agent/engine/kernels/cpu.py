@@ -9,8 +9,9 @@
   4 GFLOP/s here), and numpy's OpenBLAS, though fast alone, keeps its own threads spinning
   after each call and starves the OpenMP threads of cpu.c (decode ran 2.8x slower with it).
 
-Everything else (norms, RoPE, hyper-connections, compressors) stays in MLX ops. ctypes drops
-the GIL for the duration of each call; OpenMP inside cpu.c uses every core.
+They take and return numpy arrays (``xp = NP``), so the model runs its small ops (norms,
+RoPE, compressors, routing) in numpy too: engine/xp.py. ctypes drops the GIL for the duration
+of each call; OpenMP inside cpu.c uses every core.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from gguf.constants import GGMLQuantizationType as Q
 
 from ..quants import iq2xxs_tables
 from ..weights import Weights
+from ..xp import NP
 from .cpu_build import build
 
 SUPPORTED = frozenset({int(Q.F32), int(Q.F16), int(Q.Q8_0), int(Q.Q2_K), int(Q.Q4_K), int(Q.IQ2_XXS)})
@@ -177,6 +179,7 @@ class CpuKernels:
         self._views: dict[str, tuple[np.ndarray, int, int]] = {}
         self._experts: dict[int, tuple] = {}
         self.name = "cpu" if self.int8 else "cpu-exact"  # what the arithmetic is, not what was asked
+        self.xp = NP
         for name, t in weights.file.tensors.items():
             if name.endswith(".weight") and len(t.shape) >= 2 and t.type not in SUPPORTED and "tid2eid" not in name:
                 raise ValueError(f"{name}: GGML type {t.type_name} has no CPU kernel")
@@ -194,7 +197,7 @@ class CpuKernels:
         raw, qtype, n = self._matrix(name)
         if rows is not None:
             raw = raw[rows[0] : rows[1]]
-        return mx.array(matmul_raw(raw, qtype, n, x, self.int8))
+        return matmul_raw(raw, qtype, n, x, self.int8)
 
     def grouped(self, x: mx.array, name: str) -> mx.array:
         raw, qtype, n = self._matrix(name)
@@ -206,7 +209,7 @@ class CpuKernels:
         if library().ds4_matmul_grouped(raw.ctypes.data, int(qtype), raw.shape[1], G, R, n, slabs.ctypes.data, T,
                                         y.ctypes.data, int(self.int8)):
             raise ValueError(f"{name}: no CPU kernel for GGML type {qtype}")
-        return mx.array(y)
+        return y
 
     def experts(self, layer: int, x: mx.array, sel: np.ndarray, weights: mx.array, clamp: float) -> mx.array:
         ex = self._experts.get(layer)
@@ -216,10 +219,10 @@ class CpuKernels:
                                          f.tensors[p + "gate_exps.weight"].type, f.array(p + "down_exps.weight"),
                                          f.tensors[p + "down_exps.weight"].type)
         gate, up, gu_type, down, d_type = ex
-        return mx.array(moe_raw(_f32(x), sel, _f32(weights), gate, up, gu_type, down, d_type, clamp, self.int8))
+        return moe_raw(_f32(x), sel, _f32(weights), gate, up, gu_type, down, d_type, clamp, self.int8)
 
     def attend(self, q: mx.array, keys: mx.array, mask: np.ndarray, sinks: mx.array) -> mx.array:
-        return mx.array(attend_np(_f32(q), _f32(keys), mask, _f32(sinks)))
+        return attend_np(_f32(q), _f32(keys), mask, _f32(sinks))
 
     def hc_pre(self, X: mx.array, fn: str, scale: mx.array, base: mx.array):
         cfg = self.w.cfg
@@ -232,7 +235,7 @@ class CpuKernels:
                                   cfg.hc_sinkhorn_iters, x.ctypes.data, post.ctypes.data, M.ctypes.data)
         if rc:
             raise ValueError(f"{fn}: hyper-connection mix failed ({rc})")
-        return mx.array(x), mx.array(post), mx.array(M)
+        return x, post, M
 
     def hc_post(self, y: mx.array, X: mx.array, post: mx.array, M: mx.array) -> mx.array:
         Xn = _f32(X)
@@ -240,9 +243,9 @@ class CpuKernels:
         out = np.empty_like(Xn)
         library().ds4_hc_post(_f32(y).ctypes.data, Xn.ctypes.data, _f32(post).ctypes.data, _f32(M).ctypes.data,
                               T, hc, E, out.ctypes.data)
-        return mx.array(out)
+        return out
 
     def matmul(self, a: mx.array, b: mx.array) -> mx.array:
         a_np = _f32(a)
         out = products(a_np.reshape(-1, a_np.shape[-1]), np.ascontiguousarray(_f32(b).T))
-        return mx.array(out.reshape(*a_np.shape[:-1], -1))
+        return out.reshape(*a_np.shape[:-1], -1)

@@ -267,6 +267,7 @@ class GpuKernels(ReferenceKernels):
         if make is None:
             raise ValueError("this MLX build has no custom CUDA kernels")
         self.name = backend
+        self.xp = mx
         self.backend = backend
         self._make = make
         self._kernels: dict[str, object] = {}

@@ -13,13 +13,15 @@ import mlx.core as mx
 import numpy as np
 
 from ..weights import QMatrix, Weights
+from ..xp import of
 
 
 def swiglu(g: mx.array, u: mx.array, clamp: float) -> mx.array:
     """DeepSeek V4's clamped SwiGLU: the gate is clamped from above only, up on both sides."""
-    g = mx.minimum(g, clamp)
-    u = mx.clip(u, -clamp, clamp)
-    return g * mx.sigmoid(g) * u
+    xp = of(g)
+    g = xp.minimum(g, clamp)
+    u = xp.clip(u, -clamp, clamp)
+    return g * xp.sigmoid(g) * u
 
 
 def sink_softmax(scores: mx.array, sink: mx.array) -> tuple[mx.array, mx.array]:
@@ -44,6 +46,7 @@ def attend_mx(q: mx.array, keys: mx.array, mask: np.ndarray, sinks: mx.array) ->
 
 class ReferenceKernels:
     name = "reference"
+    xp = mx
 
     def __init__(self, weights: Weights) -> None:
         self.w = weights
