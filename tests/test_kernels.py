@@ -135,6 +135,28 @@ def test_demo_tensors_through_matmul(demo_path) -> None:
             assert np.abs(c - b).max() <= 2e-2 * np.abs(b).max()
 
 
+@pytest.mark.parametrize("T", [1, 5])
+def test_linears_equal_separate_products(demo_path, T: int) -> None:
+    """One call for several matrices of one input (mixed Q8_0, F16 and F32, with and without
+    the 8-bit path) gives each product exactly as its own call would."""
+    names = ("blk.2.attn_q_a.weight", "blk.2.attn_kv.weight", "blk.2.attn_compressor_kv.weight",
+             "blk.2.indexer.proj.weight", "blk.2.ffn_gate_inp.weight")
+    with Engine.open(demo_path, backend="cpu", kernels="reference") as e:
+        types = {e._model.w.file.tensors[n].type for n in names}
+        assert {Q.Q8_0, Q.F16} <= types
+        x = np.random.default_rng(T).normal(size=(T, 256)).astype(np.float32)
+        for exact in (True, False):
+            k = cpu.CpuKernels(e._model.w, exact=exact)
+            many = k.linears(x, names)
+            for name, y in zip(names, many):
+                assert y.shape == (T, e._model.w.file.tensors[name].shape[0])
+                assert np.array_equal(y, k.linear(x, name)), name
+            assert [np.array(a).tolist() for a in ReferenceKernels(e._model.w).linears(mx.array(x), names[:2])] == \
+                   [np.array(ReferenceKernels(e._model.w).linear(mx.array(x), n)).tolist() for n in names[:2]]
+        with pytest.raises(ValueError, match="different input widths"):
+            k.linears(x, ("blk.2.attn_q_a.weight", "blk.2.attn_q_b.weight"))
+
+
 @pytest.mark.parametrize("exact", [True, False])
 @pytest.mark.parametrize("T", [1, 7, 64])
 def test_fused_experts_match_reference(demo_path, T: int, exact: bool) -> None:
@@ -238,14 +260,23 @@ def test_integer_path_error_in_a_real_decode(demo_path) -> None:
         assert k.int8
         exact = cpu.CpuKernels(e._model.w, exact=True)
         seen: dict[str, float] = {}
-        inner = k.linear
+        inner, inner_many = k.linear, k.linears
+
+        def note(name, fast, ref):
+            seen[name] = max(seen.get(name, 0.0), float(np.abs(fast - ref).max() / np.abs(ref).max()))
 
         def both(x, name, rows=None):
-            fast, ref = np.array(inner(x, name, rows)), np.array(exact.linear(x, name, rows))
-            seen[name] = max(seen.get(name, 0.0), float(np.abs(fast - ref).max() / np.abs(ref).max()))
+            fast = inner(x, name, rows)
+            note(name, fast, exact.linear(x, name, rows))
             return fast
 
-        k.linear = both
+        def both_many(x, names):
+            fast = inner_many(x, names)
+            for name, f in zip(names, fast):
+                note(name, f, exact.linear(x, name))
+            return fast
+
+        k.linear, k.linears = both, both_many
         s = e.session()
         s.sync([5, 6, 7])
         for tok in np.random.default_rng(3).integers(0, 128000, 40).tolist():

@@ -269,21 +269,29 @@ class Model:
         cos, sin = tables[ratio != 0]
         norm = fused(_norm, cfg.rms_eps)
         a = norm(x, w(p + "attn_norm.weight"))
-        qr = norm(lin(a, p + "attn_q_a.weight"), w(p + "attn_q_a_norm.weight"))
-        q = fused(_query, H, D, R, cfg.rms_eps)(lin(qr, p + "attn_q_b.weight"), cos, sin)  # (H, T, D)
-        kv = norm(lin(a, p + "attn_kv.weight"), w(p + "attn_kv_a_norm.weight"))
+        # Every product of the normalised input ``a`` in one kernel call; the indexer's only
+        # once some query has more compressed rows than it may attend (see _indexer).
+        index = ratio == 4 and (int(pos[-1]) + 1) // 4 > cfg.indexer_top_k
+        names = ["attn_q_a", "attn_kv"] + (["attn_compressor_kv", "attn_compressor_gate"] if ratio else [])
+        names += ["indexer_compressor_kv", "indexer_compressor_gate"] if ratio == 4 else []
+        names += ["indexer.proj"] if index else []
+        pa = dict(zip(names, self.k.linears(a, tuple(p + n + ".weight" for n in names))))
+        qr = norm(pa["attn_q_a"], w(p + "attn_q_a_norm.weight"))
+        pq = self.k.linears(qr, (p + "attn_q_b.weight",) + ((p + "indexer.attn_q_b.weight",) if index else ()))
+        q = fused(_query, H, D, R, cfg.rms_eps)(pq[0], cos, sin)  # (H, T, D)
+        kv = norm(pa["attn_kv"], w(p + "attn_kv_a_norm.weight"))
         kv = self._finish_kv(fused(Rope.apply, R)(kv, cos, sin))
 
         # Compressed rows emitted by this batch, visible from their window's last token on.
         selected = None
         if ratio:
-            rows, st.comp_frontier, start = self._compress(i, a, p0, st.comp_frontier, ratio, "attn_compressor")
+            rows, st.comp_frontier, start = self._compress(i, pa, p0, st.comp_frontier, ratio, "attn_compressor")
             if rows.shape[0]:
                 rpos = start + ratio * np.arange(rows.shape[0])
                 c, s = self.rope.tables(rpos, True, xp)
                 st.comp = xp.concatenate([st.comp, self._finish_kv(fused(Rope.apply, R)(rows, c, s))], axis=0)
             if ratio == 4:
-                selected = self._indexer(i, a, qr, pos, tables[True], st, p0)
+                selected = self._indexer(i, pa, pq[1] if index else None, pos, tables[True], st, p0)
 
         # Raw window: earlier rows (positions p0-n_raw .. p0-1) then this batch.
         keys = xp.concatenate([st.raw, kv], axis=0)
@@ -314,40 +322,42 @@ class Model:
             return rows
         return fused(_kv_round, self.cfg.n_rot)(rows)
 
-    def _compress(self, i: int, a: mx.array, p0: int, fr: Frontier, ratio: int, prefix: str):
-        """Project, pool completed windows, RMS-normalise. Returns (rows, frontier, start)."""
+    def _compress(self, i: int, pa: dict, p0: int, fr: Frontier, ratio: int, prefix: str):
+        """Pool completed windows of the projected rows pa[prefix_kv] (scores pa[prefix_gate]),
+        RMS-normalise. Returns (rows, frontier, start)."""
         w, p = self.param, f"blk.{i}."
-        T = a.shape[0]
+        kv = pa[f"{prefix}_kv"]
+        T = kv.shape[0]
         ape = w(p + f"{prefix}_ape.weight")  # (ratio, W), indexed by position % ratio
         phase = self.xp.array((np.arange(p0, p0 + T) % ratio).astype(np.int32))
-        kv = self.k.linear(a, p + f"{prefix}_kv.weight")
-        sc = self.k.linear(a, p + f"{prefix}_gate.weight") + ape[phase]
+        sc = pa[f"{prefix}_gate"] + ape[phase]
         pooled, fr, start = compressor_step(fr, ratio, p0, kv, sc)
         return fused(_norm, self.cfg.rms_eps)(pooled, w(p + f"{prefix}_norm.weight")), fr, start
 
-    def _indexer(self, i: int, a, qr, pos: np.ndarray, table, st: LayerState, p0: int) -> np.ndarray | None:
+    def _indexer(self, i: int, pa: dict, qi, pos: np.ndarray, table, st: LayerState, p0: int) -> np.ndarray | None:
         """Update the indexer rows; return the (T, n_comp) selection mask, or None when every
-        query sees at most top_k rows (then all visible rows are attended)."""
+        query sees at most top_k rows (then all visible rows are attended, and the caller
+        computed no indexer query ``qi`` nor pa["indexer.proj"])."""
         cfg, p, xp = self.cfg, f"blk.{i}.", self.xp
         Di, Hi, R = cfg.indexer_head_dim, cfg.indexer_n_head, cfg.n_rot
-        rows, st.idx_frontier, start = self._compress(i, a, p0, st.idx_frontier, 4, "indexer_compressor")
+        rows, st.idx_frontier, start = self._compress(i, pa, p0, st.idx_frontier, 4, "indexer_compressor")
         if rows.shape[0]:
             c, s = self.rope.tables(start + 4 * np.arange(rows.shape[0]), True, xp)
             rows = Rope.apply(rows, c, s, R)
             if self.opt.qat_sim:
                 rows = qat.f16_round(qat.indexer_round(rows))
             st.idx_comp = xp.concatenate([st.idx_comp, rows], axis=0)
+        if qi is None:
+            return None
         n_vis = (pos + 1) // 4
         k = cfg.indexer_top_k
-        if n_vis.max() <= k:
-            return None
         cos, sin = table
-        T = a.shape[0]
-        qi = self.k.linear(qr, p + "indexer.attn_q_b.weight").reshape(T, Hi, Di)
+        T = qi.shape[0]
+        qi = qi.reshape(T, Hi, Di)
         qi = xp.swapaxes(Rope.apply(xp.swapaxes(qi, 0, 1), cos, sin, R), 0, 1)  # (T, Hi, Di)
         if self.opt.qat_sim:
             qi = qat.indexer_round(qi)
-        wi = self.k.linear(a, p + "indexer.proj.weight") * (1.0 / math.sqrt(Di * Hi))  # (T, Hi)
+        wi = pa["indexer.proj"] * (1.0 / math.sqrt(Di * Hi))  # (T, Hi)
         dots = xp.maximum(self.k.matmul(qi, st.idx_comp.T), 0.0)  # (T, Hi, C): relu before weighting
         scores = np.array(to(NP, xp.sum(dots * wi[:, :, None], axis=1)))  # (T, C)
         C = scores.shape[1]
@@ -364,7 +374,7 @@ class Model:
     def _ffn(self, i: int, x: mx.array, ids: np.ndarray) -> mx.array:
         cfg, w, p, xp = self.cfg, self.param, f"blk.{i}.", self.xp
         f = fused(_norm, cfg.rms_eps)(x, w(p + "ffn_norm.weight"))
-        logits = self.k.linear(f, p + "ffn_gate_inp.weight")
+        logits, g, u = self.k.linears(f, tuple(p + n + ".weight" for n in ("ffn_gate_inp", "ffn_gate_shexp", "ffn_up_shexp")))
         # sqrt(softplus), ds4's piecewise form; exp of at most 20 (never overflows in numpy).
         ex = xp.exp(xp.minimum(logits, 20.0))
         prob = xp.sqrt(xp.where(logits > 20, logits, xp.where(logits < -20, ex, xp.log1p(ex))))
@@ -381,8 +391,6 @@ class Model:
 
         clamp = cfg.swiglu_clamp[i]
         routed = self.k.experts(i, f, sel, weights, clamp)
-        g = self.k.linear(f, p + "ffn_gate_shexp.weight")
-        u = self.k.linear(f, p + "ffn_up_shexp.weight")
         shared = self.k.linear(swiglu(g, u, clamp), p + "ffn_down_shexp.weight")
         return routed + shared
 

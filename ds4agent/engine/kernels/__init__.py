@@ -4,6 +4,7 @@ Every implementation provides the same operations (see ReferenceKernels for the 
 definitions); the model calls nothing else for its heavy work:
 
 * ``linear(x, name, rows=None)``: activations times a GGUF weight matrix (or a row range of it);
+* ``linears(x, names)``: the same for several matrices sharing the input x, in one call;
 * ``grouped(x, name)``: the attention output projection, group g through its own rows;
 * ``experts(layer, x, sel, weights, clamp)``: the fused routed-expert FFN of one layer;
 * ``attend(q, keys, mask, sinks)``: softmax attention with per-head sinks over shared K=V rows;
@@ -35,6 +36,8 @@ class Kernels(Protocol):
     xp: object  # the array namespace taken and returned: mx, or xp.NP for the CPU kernels
 
     def linear(self, x: mx.array, name: str, rows: tuple[int, int] | None = None) -> mx.array: ...
+
+    def linears(self, x: mx.array, names: tuple[str, ...]) -> list[mx.array]: ...
 
     def grouped(self, x: mx.array, name: str) -> mx.array: ...
 

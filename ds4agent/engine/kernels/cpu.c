@@ -818,6 +818,34 @@ int ds4_matmul(const uint8_t *W, int type, int64_t row_bytes, int64_t out, int64
     return 0;
 }
 
+/* Several matrices sharing one input X (T, n) into Y[m] (T, out[m]): one call from Python and
+ * one quantisation of X for all of them (a layer asks for up to seven products of the same
+ * normalised activations; on decode each separate call cost more than its arithmetic). */
+int ds4_matmul_multi(int64_t M, const int64_t *W, const int32_t *type, const int64_t *row_bytes,
+                     const int64_t *out, int64_t n, const float *X, int64_t T, const int64_t *Y, int int8) {
+    int quantise = 0;
+    for (int64_t m = 0; m < M; m++) {
+        if (!dequantiser(type[m])) return -1;
+        if (int8 && n % 32 == 0 && int8_dot(type[m])) quantise = 1;
+    }
+    qblock *scratch = NULL;
+    if (quantise) {
+        scratch = malloc((size_t)(T * (n / 32)) * sizeof *scratch);
+        if (!scratch) return -2;
+        ds4_quantize_act(X, T, n, scratch);
+    }
+    for (int64_t m = 0; m < M; m++) {
+        const uint8_t *w = (const uint8_t *)(intptr_t)W[m];
+        float *y = (float *)(intptr_t)Y[m];
+        if (quantise && int8_dot(type[m]))
+            matmul_int8(w, type[m], row_bytes[m], out[m], n, scratch, T, y, out[m]);
+        else
+            matmul(w, dequantiser(type[m]), row_bytes[m], out[m], n, X, n, T, y, out[m]);
+    }
+    free(scratch);
+    return 0;
+}
+
 /* Grouped product: group g of X (G contiguous (T, n) slabs) times rows g*R .. (g+1)*R of W,
  * into columns g*R .. (g+1)*R of Y (T, G*R). The attention output projection in one call. */
 int ds4_matmul_grouped(const uint8_t *W, int type, int64_t row_bytes, int64_t G, int64_t R, int64_t n,

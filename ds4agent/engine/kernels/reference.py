@@ -60,6 +60,10 @@ class ReferenceKernels:
             return w.matmul_t(x)
         return x @ w.T
 
+    def linears(self, x: mx.array, names: tuple[str, ...]) -> list[mx.array]:
+        """``linear(x, n)`` for each of several matrices sharing the input x."""
+        return [self.linear(x, n) for n in names]
+
     def grouped(self, x: mx.array, name: str) -> mx.array:
         """Grouped projection: x (T, G, n); group g goes through rows g·R .. (g+1)·R of the
         matrix (R = rows / G), outputs side by side (T, G·R). Not one product over all groups."""
