@@ -448,6 +448,25 @@ static float idot_q8_0(const uint8_t *w, const qblock *x, int64_t nb) {
     return hsum8(_mm256_add_ps(a0, a1));
 }
 
+/* Four Q8_0 rows against one token, each summed in exactly idot_q8_0's order (even and odd
+ * blocks apart), so the results are the same bits. Each activation block is loaded once for
+ * four rows, and four rows stream at once: on decode the output head (0.55 GB on Flash) and
+ * the attention matrices read faster this way. */
+static void idot4_q8_0(const uint8_t *w, int64_t row_bytes, const qblock *x, int64_t nb, float out[4]) {
+    __m256 e[4], o[4];
+    for (int r = 0; r < 4; r++) e[r] = o[r] = _mm256_setzero_ps();
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2)
+        for (int r = 0; r < 4; r++) {
+            const uint8_t *wr = w + r * row_bytes + 34 * b;
+            e[r] = q8_0_block(wr, x + b, e[r]);
+            o[r] = q8_0_block(wr + 34, x + b + 1, o[r]);
+        }
+    if (b < nb)
+        for (int r = 0; r < 4; r++) e[r] = q8_0_block(w + r * row_bytes + 34 * b, x + b, e[r]);
+    for (int r = 0; r < 4; r++) out[r] = hsum8(_mm256_add_ps(e[r], o[r]));
+}
+
 static float idot_iq2_xxs(const uint8_t *w, const qblock *x, int64_t nb) {
     __m256 acc = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb / 8; b++, w += 66) {
@@ -783,6 +802,19 @@ static void matmul_int8(const uint8_t *W, int type, int64_t row_bytes, int64_t o
         return;
     }
     idot_fn dot = int8_dot(type);
+#if defined(__AVX2__) && defined(__FMA__)
+    if (type == T_Q8_0 && T == 1) {
+        const int64_t quads = out / 4;
+#pragma omp parallel for schedule(static) if (parallel)
+        for (int64_t g = 0; g < quads; g++) {
+            float four[4];
+            idot4_q8_0(W + 4 * g * row_bytes, row_bytes, Xq, nb, four);
+            memcpy(Y + 4 * g, four, sizeof four);
+        }
+        for (int64_t r = 4 * quads; r < out; r++) Y[r] = dot(W + r * row_bytes, Xq, nb);
+        return;
+    }
+#endif
     /* Contiguous halves per thread: each core streams one run of rows, which the hardware
      * prefetchers follow (explicit prefetching measured 2x slower on the output head). */
 #pragma omp parallel for schedule(static) if (parallel)
