@@ -1,12 +1,15 @@
 """ds4agent against llama.cpp (llama-cpp-python) on the same GGUF, same threads, one run.
 
-Usage: python bench/llama_compare.py MODEL.gguf [--prompt 256] [--gen 32] [--threads N]
+Usage: python bench/llama_compare.py MODEL.gguf [--prompt 256] [--gen 32] [--threads N] [--repeat 3]
 
 The whole file is read once first, so that the page cache holds it for both engines (a prefill
 touches every expert: whichever engine ran first would otherwise pay the disk reads). Each
 engine then runs in its own subprocess (one at a time, so they never share cores), warms up on
-a short prompt, prefills the same random prompt and decodes greedily. Prints both engines' prefill and decode t/s and their ratios, and
-whether the two agree on the first greedy token. Needs `pip install llama-cpp-python`; not
+a short prompt, prefills the same random prompt and decodes greedily. With --repeat N the
+two engines alternate N times (ours, llama.cpp, ours, ...) and the medians are compared: on a
+shared machine a single pair of runs can swing either engine by 40%. Prints both engines'
+prefill and decode t/s (median, and the range over the runs), their ratios, and whether the
+two agree on the first greedy token. Needs `pip install llama-cpp-python`; not
 part of the test suite.
 """
 
@@ -78,6 +81,7 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=256)
     ap.add_argument("--gen", type=int, default=32)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--repeat", type=int, default=3, help="alternating runs per engine; medians are compared")
     ap.add_argument("--only", choices=["ours", "llama"], help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.only:
@@ -87,22 +91,34 @@ def main() -> None:
     with open(a.model, "rb") as f:  # into the page cache (see the module docstring)
         while f.read(64 << 20):
             pass
-    res = {}
-    for which in ("ours", "llama"):
-        cmd = [sys.executable, __file__, a.model, "--prompt", str(a.prompt), "--gen", str(a.gen),
-               "--threads", str(a.threads), "--only", which]
-        out = subprocess.run(cmd, capture_output=True, text=True)
-        lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
-        if out.returncode or not lines:
-            tail = (out.stderr.strip().splitlines() or ["no output"])[-1]
-            sys.exit(f"{which}: failed (exit {out.returncode}): {tail}")
-        res[which] = json.loads(lines[-1])
-    o, ll = res["ours"], res["llama"]
-    print(f"model {a.model}: prompt {a.prompt}, gen {a.gen}, threads {a.threads}")
-    print(f"{'':10}{'prefill t/s':>12}{'decode t/s':>12}")
-    print(f"{'ds4agent':10}{o['prefill_tps']:12.1f}{o['decode_tps']:12.2f}   kernels {o['kernels']}")
-    print(f"{'llama.cpp':10}{ll['prefill_tps']:12.1f}{ll['decode_tps']:12.2f}   llama-cpp-python {ll['version']}")
-    print(f"{'ratio':10}{o['prefill_tps'] / ll['prefill_tps']:12.2f}{o['decode_tps'] / ll['decode_tps']:12.2f}")
+    runs: dict[str, list[dict]] = {"ours": [], "llama": []}
+    for _ in range(max(1, a.repeat)):
+        for which in ("ours", "llama"):
+            cmd = [sys.executable, __file__, a.model, "--prompt", str(a.prompt), "--gen", str(a.gen),
+                   "--threads", str(a.threads), "--only", which]
+            out = subprocess.run(cmd, capture_output=True, text=True, check=False)
+            lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
+            if out.returncode or not lines:
+                tail = (out.stderr.strip().splitlines() or ["no output"])[-1]
+                sys.exit(f"{which}: failed (exit {out.returncode}): {tail}")
+            runs[which].append(json.loads(lines[-1]))
+
+    def med(which: str, key: str) -> float:
+        return float(np.median([r[key] for r in runs[which]]))
+
+    def span(which: str, key: str) -> str:
+        v = [r[key] for r in runs[which]]
+        return f"{min(v):.1f}-{max(v):.1f}"
+
+    o, ll = runs["ours"][-1], runs["llama"][-1]
+    print(f"model {a.model}: prompt {a.prompt}, gen {a.gen}, threads {a.threads}, {len(runs['ours'])} runs each")
+    print(f"{'':10}{'prefill t/s':>12}{'decode t/s':>12}   (median; range prefill / decode)")
+    for name, which, extra in (("ds4agent", "ours", f"kernels {o['kernels']}"),
+                               ("llama.cpp", "llama", f"llama-cpp-python {ll['version']}")):
+        print(f"{name:10}{med(which, 'prefill_tps'):12.1f}{med(which, 'decode_tps'):12.2f}   "
+              f"({span(which, 'prefill_tps')} / {span(which, 'decode_tps')}) {extra}")
+    print(f"{'ratio':10}{med('ours', 'prefill_tps') / med('llama', 'prefill_tps'):12.2f}"
+          f"{med('ours', 'decode_tps') / med('llama', 'decode_tps'):12.2f}")
     print(f"first greedy token: ds4agent {o['first']}, llama.cpp {ll['first']}"
           f" ({'same' if o['first'] == ll['first'] else 'different'})")
 

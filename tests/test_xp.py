@@ -50,6 +50,8 @@ def test_namespace_dispatch() -> None:
 def test_numpy_extras_match_mlx() -> None:
     x = np.concatenate([_f32(4000, scale=30), np.float32([-200, -89, 0, 89, 200])])
     _close([NP.sigmoid(x)], [np.array(mx.sigmoid(mx.array(x)))])
+    m = _f32(5, 256, scale=3)
+    assert np.array_equal(NP.mean(m, axis=-1, keepdims=True), np.mean(m, axis=-1, keepdims=True))
     pos = np.abs(x) + 1e-3
     _close([NP.rsqrt(pos)], [np.array(mx.rsqrt(mx.array(pos)))])
     s = _f32(6, 50, scale=5)
