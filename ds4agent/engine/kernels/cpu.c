@@ -488,6 +488,34 @@ static float idot_iq2_xxs(const uint8_t *w, const qblock *x, int64_t nb) {
     return hsum8(acc);
 }
 
+/* Four tokens (x rows nb blocks apart) against one packed IQ2_XXS row, decoding each block
+ * into registers once for all four: no decoded copy is written or read back (decoding a row
+ * into wblocks cost about two single-token dots). Each token's sum is formed exactly as in
+ * idot_iq2_xxs, so a token's result does not depend on how many others share the call. */
+static void idot4_iq2_xxs(const uint8_t *w, const qblock *x, int64_t nb, float out[4]) {
+    __m256 acc[4];
+    for (int t = 0; t < 4; t++) acc[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb / 8; b++, w += 66) {
+        const float d = h2f_fast(w);
+        for (int g = 0; g < 8; g++) {
+            const uint8_t *a0 = w + 2 + 8 * g;
+            uint32_t a1;
+            memcpy(&a1, a0 + 4, 4);
+            const __m256i grid = _mm256_set_epi64x((long long)IQ2_GRID8[a0[3]], (long long)IQ2_GRID8[a0[2]],
+                                                   (long long)IQ2_GRID8[a0[1]], (long long)IQ2_GRID8[a0[0]]);
+            const __m256i sign = _mm256_set_epi64x((long long)IQ2_SIGN8[(a1 >> 21) & 127], (long long)IQ2_SIGN8[(a1 >> 14) & 127],
+                                                   (long long)IQ2_SIGN8[(a1 >> 7) & 127], (long long)IQ2_SIGN8[a1 & 127]);
+            const float db = d * (0.5f + (float)(a1 >> 28)) * 0.25f;
+            for (int t = 0; t < 4; t++) {
+                const qblock *xt = x + t * nb + 8 * b + g;
+                const __m256i p = dot_u8s8(grid, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)xt->q), sign));
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(db * xt->d), acc[t]);
+            }
+        }
+    }
+    for (int t = 0; t < 4; t++) out[t] = hsum8(acc[t]);
+}
+
 static float idot_q2_k(const uint8_t *w, const qblock *x, int64_t nb) {
     __m256 acc = _mm256_setzero_ps();
     float mins = 0.0f;
@@ -802,6 +830,7 @@ static idec_fn int8_decoder(int type, wdot_fn *dot, wdot2_fn *dot2, wdot4_fn *do
 /* Up to this many tokens read each weight block straight from the file per token; more
  * tokens decode each row once into wblocks first (measured crossover on AVX-512 Zen 4). */
 #define DIRECT_MAX_T 3
+#define IQ2_DIRECT_MAX_T 16
 
 /* Y[t, r] = sum_k xhat[t, k] W[r, k] with the activations already quantised (Xq: T rows of
  * n/32 blocks). Rows are spread over the cores; each weight row is read once for all tokens. */
@@ -810,6 +839,31 @@ static void matmul_int8(const uint8_t *W, int type, int64_t row_bytes, int64_t o
     const int64_t nb = n / 32;
     const int parallel = out * n >= (1 << 16);
     (void)parallel;
+    /* IQ2_XXS for a few tokens (a routed expert's share of a prefill chunk is typically 3-10
+     * tokens): packed rows decoded in registers four tokens at a time beat decoded rows up to
+     * about 16 tokens; past that the table lookups repeated per four tokens cost more than
+     * decoding each row once. */
+#if defined(__AVX2__) && defined(__FMA__)
+    if (T > DIRECT_MAX_T && T < IQ2_DIRECT_MAX_T && type == T_IQ2_XXS) {
+        idot_fn dot = int8_dot(type);
+        enum { RB = 16 };
+        const int64_t nblk = (out + RB - 1) / RB;
+#pragma omp parallel for schedule(static) if (parallel)
+        for (int64_t blk = 0; blk < nblk; blk++) {
+            const int64_t r0 = blk * RB, r1 = out - r0 < RB ? out : r0 + RB;
+            int64_t t = 0;
+            for (; t + 4 <= T; t += 4)
+                for (int64_t r = r0; r < r1; r++) {
+                    float four[4];
+                    idot4_iq2_xxs(W + r * row_bytes, Xq + t * nb, nb, four);
+                    for (int j = 0; j < 4; j++) Y[(t + j) * y_stride + r] = four[j];
+                }
+            for (; t < T; t++)
+                for (int64_t r = r0; r < r1; r++) Y[t * y_stride + r] = dot(W + r * row_bytes, Xq + t * nb, nb);
+        }
+        return;
+    }
+#endif
     if (T > DIRECT_MAX_T) {
         wdot_fn wdot = 0;
         wdot2_fn wdot2 = 0;
