@@ -212,14 +212,17 @@ def test_experts_bad_ids_are_refused(demo_path) -> None:
             cpu.moe_raw(x, np.array([[0, 16]]), np.ones((1, 2)), gate, up, Q.IQ2_XXS, down, Q.Q2_K, 10.0)
 
 
-@pytest.mark.parametrize("T,N,banded", [(1, 40, False), (9, 80, False), (64, 300, False), (150, 300, False),
-                                        (200, 260, True)])
-def test_attention_matches_reference(T: int, N: int, banded: bool) -> None:
+@pytest.mark.parametrize("H,D,T,N,banded", [(4, 64, 1, 40, False), (4, 64, 9, 80, False), (4, 64, 64, 300, False),
+                                            (6, 64, 150, 300, False), (4, 64, 200, 260, True), (64, 512, 1, 700, False),
+                                            (7, 96, 3, 5, False)])
+def test_attention_matches_reference(H: int, D: int, T: int, N: int, banded: bool) -> None:
     """Random masks, and a prefill-like one (a sliding window of 32 over earlier rows and the
-    batch, plus 20 compressed rows visible from some point on), across several query tiles."""
+    batch, plus 20 compressed rows visible from some point on); Flash's decode shape (64 heads
+    of 512 over 700 rows); head counts that are not a multiple of four; a query that sees
+    nothing but its sink (all-zero output, as the reference gives)."""
     rng = np.random.default_rng(N)
-    q = rng.normal(size=(4, T, 64)).astype(np.float32)
-    keys = rng.normal(size=(N, 64)).astype(np.float32)
+    q = (rng.normal(size=(H, T, D)) * 3).astype(np.float32)
+    keys = rng.normal(size=(N, D)).astype(np.float32)
     if banded:
         raw = N - T - 20
         kpos = np.arange(-raw, T)
@@ -229,10 +232,33 @@ def test_attention_matches_reference(T: int, N: int, banded: bool) -> None:
     else:
         mask = rng.random((T, N)) < 0.5
     mask[:, 0] = True
-    sinks = rng.normal(size=4).astype(np.float32)
-    a = cpu.attend_np(q, keys, mask, sinks)
+    if T > 2:
+        mask[1] = False
+    sinks = rng.normal(size=H).astype(np.float32)
+    a = cpu.attend(q, keys, mask, sinks)
     b = np.array(attend_mx(mx.array(q), mx.array(keys), mask, mx.array(sinks)))
     assert np.abs(a - b).max() <= 1e-5 * np.abs(b).max()
+    if T > 2:
+        assert not a[:, 1].any() and not b[:, 1].any()
+
+
+def test_attention_exp_accuracy() -> None:
+    """ds4_attend's vectorised exp, over score gaps from 0 to -80 and at the underflow edge.
+
+    Identity keys make output d the softmax weight of row d, so output d over output 0 is
+    e^(s_d - s_0) with s the float32 scores the kernel forms: within 4 ulp of float64's exp.
+    Gaps beyond -87 come out exactly 0 (float32's e^x is subnormal or 0 there anyway)."""
+    gaps = -np.concatenate([np.linspace(0, 80, 3001), [87.5, 88.0, 103.0]]).astype(np.float32)
+    N = gaps.size
+    keys = np.eye(N, dtype=np.float32)
+    scale = np.float32(1.0) / np.sqrt(np.float32(N))
+    q = (gaps / scale).astype(np.float32).reshape(1, 1, N)
+    got = cpu.attend(q, keys, np.ones((1, N), bool), np.array([-1e4], np.float32))[0, 0]
+    s = q[0, 0] * scale  # the kernel's float32 scores
+    ratio = got[:-3].astype(np.float64) / np.float64(got[0])
+    want = np.exp((s[:-3] - s[0]).astype(np.float64))
+    assert np.all(np.abs(ratio - want) <= 4 * 2.0**-23 * want)
+    assert not got[-3:].any()
 
 
 def test_model_cpu_exact_kernels_equal_reference(demo_path) -> None:

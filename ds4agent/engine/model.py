@@ -338,7 +338,7 @@ class Model:
         """Update the indexer rows; return the (T, n_comp) selection mask, or None when every
         query sees at most top_k rows (then all visible rows are attended, and the caller
         computed no indexer query ``qi`` nor pa["indexer.proj"])."""
-        cfg, p, xp = self.cfg, f"blk.{i}.", self.xp
+        cfg, xp = self.cfg, self.xp
         Di, Hi, R = cfg.indexer_head_dim, cfg.indexer_n_head, cfg.n_rot
         rows, st.idx_frontier, start = self._compress(i, pa, p0, st.idx_frontier, 4, "indexer_compressor")
         if rows.shape[0]:

@@ -247,8 +247,8 @@ static inline float hsum8(__m256 v) {
 
 /* The AVX-512 and AVX2 branches are the same loop at two widths on purpose: 16 lanes measured
  * 10-15% faster on float products here; tests build the AVX2 and plain branches too. */
-static inline void dot4(const float *w, int64_t n, const float *x, float out[4]) {
-    const float *w0 = w, *w1 = w + n, *w2 = w + 2 * n, *w3 = w + 3 * n;
+static inline void dot4p(const float *w0, const float *w1, const float *w2, const float *w3, int64_t n,
+                         const float *x, float out[4]) {
     int64_t k = 0;
     float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
 #if defined(__AVX512F__)
@@ -287,6 +287,11 @@ static inline void dot4(const float *w, int64_t n, const float *x, float out[4])
         s0 += w0[k] * x[k]; s1 += w1[k] * x[k]; s2 += w2[k] * x[k]; s3 += w3[k] * x[k];
     }
     out[0] = s0; out[1] = s1; out[2] = s2; out[3] = s3;
+}
+
+/* Four consecutive rows of w (n floats each). */
+static inline void dot4(const float *w, int64_t n, const float *x, float out[4]) {
+    dot4p(w, w + n, w + 2 * n, w + 3 * n, n, x, out);
 }
 
 /* Rows per work item. Decode wants many small items so both cores stream weights; prefill
@@ -1005,6 +1010,122 @@ int ds4_matmul_grouped(const uint8_t *W, int type, int64_t row_bytes, int64_t G,
         product(W + g * R * row_bytes, type, deq, row_bytes, R, n, X + g * T * n, T, Y + g * R, G * R, int8, scratch);
     free(scratch);
     return 0;
+}
+
+/* -- attention ----------------------------------------------------------------------------- *
+ * Softmax attention with one learned sink logit per head over rows that are both keys and
+ * values (kernels.reference.attend_mx): q (H, T, D), keys (N, D), mask (T, N) bytes (nonzero
+ * = visible), sinks (H) -> out (H, T, D). Work items are (query, four heads): the four heads
+ * share the query's visible rows, so each row is loaded once for four dot products and once
+ * for four weighted sums, and only visible rows are touched (a prefill chunk's mask is mostly
+ * empty). */
+
+#if defined(__AVX2__) && defined(__FMA__)
+/* e^x for x <= 0, eight lanes: x = n ln2 + r with |r| <= ln2/2, e^r by its Taylor series to
+ * r^7 (truncation below 1e-8 relative), times 2^n through the exponent bits. Below -87 the
+ * result is 0 (2^n would leave the normal range). Within 2 ulp of expf. */
+static inline __m256 exp8_nonpos(__m256 x) {
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);   /* ln2, high bits */
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187e-06f), r);      /* ln2 - high */
+    __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    const __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+    return _mm256_and_ps(y, _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_GE_OQ));
+}
+#endif
+
+/* p[0..n) = exp(p - m); returns their sum. n is padded to a multiple of 8 by the caller with
+ * values far below m, which come out as 0. */
+static float exp_shift_sum(float *p, int64_t n, float m) {
+    float sum = 0.0f;
+#if defined(__AVX2__) && defined(__FMA__)
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t v = 0; v < n; v += 8) {
+        const __m256 e = exp8_nonpos(_mm256_sub_ps(_mm256_loadu_ps(p + v), _mm256_set1_ps(m)));
+        _mm256_storeu_ps(p + v, e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    sum = hsum8(acc);
+#else
+    for (int64_t v = 0; v < n; v++) sum += (p[v] = expf(p[v] - m));
+#endif
+    return sum;
+}
+
+int ds4_attend(const float *q, int64_t H, int64_t T, int64_t D, const float *keys, int64_t N,
+               const uint8_t *mask, const float *sinks, float *out) {
+    const float scale = 1.0f / sqrtf((float)D);
+    const int64_t groups = (H + 3) / 4, padded = (N + 7) / 8 * 8;
+    int failed = 0;
+#pragma omp parallel if (T * H * N * D >= (1 << 18))
+    {
+        int64_t *cols = malloc((size_t)(N + 1) * sizeof *cols);
+        float *p = malloc((size_t)(4 * padded + 8) * sizeof *p), *scratch = malloc((size_t)D * sizeof *scratch);
+        int64_t last = -1, nv = 0;
+        if (!cols || !p || !scratch) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(static)
+        for (int64_t item = 0; item < T * groups; item++) {
+            if (!cols || !p || !scratch) continue;  /* reported through `failed` */
+            const int64_t t = item / groups, h0 = (item % groups) * 4, nh = H - h0 < 4 ? H - h0 : 4;
+            if (t != last) {
+                nv = 0;
+                for (int64_t j = 0; j < N; j++)
+                    if (mask[t * N + j]) cols[nv++] = j;
+                last = t;
+            }
+            const int64_t nvp = (nv + 7) / 8 * 8;
+            const float *qh[4];
+            for (int i = 0; i < 4; i++) qh[i] = q + ((h0 + (i < nh ? i : 0)) * T + t) * D;
+            for (int64_t v = 0; v < nv; v++) {
+                float s[4];
+                dot4p(qh[0], qh[1], qh[2], qh[3], D, keys + cols[v] * D, s);
+                for (int i = 0; i < 4; i++) p[i * padded + v] = s[i] * scale;
+            }
+            float den[4] = {1.0f, 1.0f, 1.0f, 1.0f}, *o[4];
+            for (int64_t i = 0; i < 4; i++) {
+                float *pi = p + i * padded;
+                o[i] = i < nh ? out + ((h0 + i) * T + t) * D : scratch;
+                if (i >= nh) {  /* a missing head of the last group: zero weights, output discarded */
+                    for (int64_t v = 0; v < nv; v++) pi[v] = 0.0f;
+                    continue;
+                }
+                const float sink = sinks[h0 + i];
+                float m = sink;
+                for (int64_t v = 0; v < nv; v++) m = pi[v] > m ? pi[v] : m;
+                for (int64_t v = nv; v < nvp; v++) pi[v] = -1e30f;
+                den[i] = exp_shift_sum(pi, nvp, m) + expf(sink - m);
+            }
+            for (int i = 0; i < 4; i++)
+                for (int64_t d = 0; d < D; d++) o[i][d] = 0.0f;
+            for (int64_t v = 0; v < nv; v++) {
+                const float *k = keys + cols[v] * D;
+                const float e0 = p[v], e1 = p[padded + v], e2 = p[2 * padded + v], e3 = p[3 * padded + v];
+                float *o0 = o[0], *o1 = o[1], *o2 = o[2], *o3 = o[3];
+                for (int64_t d = 0; d < D; d++) {
+                    const float kd = k[d];
+                    o0[d] += e0 * kd; o1[d] += e1 * kd; o2[d] += e2 * kd; o3[d] += e3 * kd;
+                }
+            }
+            for (int64_t i = 0; i < nh; i++)
+                for (int64_t d = 0; d < D; d++) o[i][d] /= den[i];
+        }
+        free(cols);
+        free(p);
+        free(scratch);
+    }
+    return failed ? -2 : 0;
 }
 
 /* -- hyper-connections ------------------------------------------------------------------ *

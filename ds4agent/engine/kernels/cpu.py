@@ -1,13 +1,14 @@
-"""Native CPU kernels (cpu.c through ctypes) for the three hot spots of a token.
+"""Native CPU kernels (cpu.c through ctypes) for the hot spots of a token.
 
 * linear: any GGUF matrix (F32, F16, Q8_0, Q2_K, Q4_K, IQ2_XXS) times activations, read in
   place from the mmap: no repacked or dequantised copy of a weight is ever kept.
 * experts: the fused routed-expert FFN (gather, dequantise, gate/up, clamped SwiGLU, routing
   weight, down, sum) in one call per layer.
-* attend / matmul: products of activations with cached rows (attention, indexer scores) run
-  through the same float kernel: MLX's CPU backend on Linux ships a reference GEMM (about
-  4 GFLOP/s here), and numpy's OpenBLAS, though fast alone, keeps its own threads spinning
-  after each call and starves the OpenMP threads of cpu.c (decode ran 2.8x slower with it).
+* attend: the whole sink-softmax attention in one call (ds4_attend), over only the rows each
+  query can see; matmul (indexer scores): through the same float kernel as the weights.
+  Not BLAS: MLX's CPU backend on Linux ships a reference GEMM (about 4 GFLOP/s here), and
+  numpy's OpenBLAS, though fast alone, keeps its own threads spinning after each call and
+  starves the OpenMP threads of cpu.c (decode ran 2.8x slower with it).
 
 They take and return numpy arrays (``xp = NP``), so the model runs its small ops (norms,
 RoPE, compressors, routing) in numpy too: engine/xp.py. ctypes drops the GIL for the duration
@@ -17,7 +18,6 @@ of each call; OpenMP inside cpu.c uses every core.
 from __future__ import annotations
 
 import ctypes
-import math
 import os
 
 import mlx.core as mx
@@ -46,6 +46,7 @@ def library() -> ctypes.CDLL:
         lib.ds4_moe.argtypes = [_P, _I, _I, _I, _I, _I, _P, _P, _P, _P, ctypes.c_int, _I, _P, ctypes.c_int, _I,
                                 ctypes.c_float, _P, ctypes.c_int]
         lib.ds4_quantize_act.argtypes = [_P, _I, _I, _P]
+        lib.ds4_attend.argtypes = [_P, _I, _I, _I, _P, _I, _P, _P, _P]
         lib.ds4_matmul_multi.argtypes = [_I, _P, _P, _P, _P, _I, _P, _I, _P, ctypes.c_int]
         lib.ds4_matmul_grouped.argtypes = [_P, ctypes.c_int, _I, _I, _I, _I, _P, _I, _P, ctypes.c_int]
         lib.ds4_hc_pre.argtypes = [_P, _I, _I, _I, _P, ctypes.c_int, _I, _P, _P, ctypes.c_float, ctypes.c_float,
@@ -139,33 +140,18 @@ def products(a: np.ndarray, rows: np.ndarray) -> np.ndarray:
     return matmul_raw(rows.view(np.uint8), int(Q.F32), rows.shape[1], a, False)
 
 
-QUERY_TILE = 64
-
-
-def attend_np(q: np.ndarray, keys: np.ndarray, mask: np.ndarray, sinks: np.ndarray) -> np.ndarray:
-    """The reference attention (kernels.reference.attend_mx) on the CPU kernels.
-
-    Keys are shared by every head (and are the values), so each product is one matrix product
-    over all heads at once. Queries go in tiles of QUERY_TILE positions, each against only the
-    key rows some query of the tile can see (its stretch of the sliding window plus the
-    compressed rows): in a prefill chunk most of the (queries x keys) mask is empty, and
-    computing it dominated long prefills. The masked softmax with sinks is numpy."""
+def attend(q: np.ndarray, keys: np.ndarray, mask: np.ndarray, sinks: np.ndarray) -> np.ndarray:
+    """The reference attention (kernels.reference.attend_mx) through cpu.c's ds4_attend:
+    q (H, T, D), keys (N, D) shared by every head (and the values), mask (T, N), sinks (H,)."""
+    q, keys, sinks = _f32(q), _f32(keys), _f32(sinks)
     H, T, D = q.shape
-    out = np.empty((H, T, D), dtype=np.float32)
-    scale = np.float32(1.0 / math.sqrt(D))
-    sink = sinks.reshape(H, 1, 1).astype(np.float32)
-    for t0 in range(0, T, QUERY_TILE):
-        t1 = min(T, t0 + QUERY_TILE)
-        m = mask[t0:t1]
-        cols = np.flatnonzero(m.any(axis=0))
-        k = np.ascontiguousarray(keys[cols])
-        qt = np.ascontiguousarray(q[:, t0:t1]).reshape(-1, D)
-        s = products(qt, k).reshape(H, t1 - t0, -1) * scale
-        s = np.where(m[:, cols][None], s, np.float32(-np.inf))
-        mx_ = np.maximum(s.max(axis=-1, keepdims=True), sink)
-        ex = np.exp(s - mx_)
-        den = np.exp(sink - mx_) + ex.sum(axis=-1, keepdims=True)
-        out[:, t0:t1] = products(ex.reshape(-1, len(cols)), np.ascontiguousarray(k.T)).reshape(H, t1 - t0, D) / den
+    m = np.ascontiguousarray(mask, dtype=np.bool_).view(np.uint8)
+    if keys.shape[1] != D or m.shape != (T, keys.shape[0]) or sinks.shape != (H,):
+        raise ValueError(f"attention shapes q {q.shape}, keys {keys.shape}, mask {m.shape}, sinks {sinks.shape}")
+    out = np.empty_like(q)
+    if library().ds4_attend(q.ctypes.data, H, T, D, keys.ctypes.data, keys.shape[0], m.ctypes.data,
+                            sinks.ctypes.data, out.ctypes.data):
+        raise MemoryError("attention: out of memory")
     return out
 
 
@@ -248,7 +234,7 @@ class CpuKernels:
         return moe_raw(_f32(x), sel, _f32(weights), gate, up, gu_type, down, d_type, clamp, self.int8)
 
     def attend(self, q: mx.array, keys: mx.array, mask: np.ndarray, sinks: mx.array) -> mx.array:
-        return attend_np(_f32(q), _f32(keys), mask, _f32(sinks))
+        return attend(q, keys, mask, sinks)
 
     def hc_pre(self, X: mx.array, fn: str, scale: mx.array, base: mx.array):
         cfg = self.w.cfg
