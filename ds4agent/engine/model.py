@@ -101,12 +101,15 @@ class Rope:
         """Rotate the last n_rot dims of x (..., T, [heads,] D); cos/sin are (T, n_rot/2) and
         broadcast over any head axis placed between T and D by the caller."""
         d = x.shape[-1] - n_rot
-        tail = x[..., d:].reshape(*x.shape[:-1], n_rot // 2, 2)
-        a, b = tail[..., 0], tail[..., 1]
         s = -sin if inverse else sin
-        xp = of(x)
-        rot = xp.stack([a * cos - b * s, a * s + b * cos], axis=-1).reshape(*x.shape[:-1], n_rot)
-        return xp.concatenate([x[..., :d], rot], axis=-1)
+        a, b = x[..., d::2], x[..., d + 1 :: 2]
+        if isinstance(x, np.ndarray):  # the same arithmetic, written in place of a copy
+            out = x.copy()
+            out[..., d::2] = a * cos - b * s
+            out[..., d + 1 :: 2] = a * s + b * cos
+            return out
+        rot = mx.stack([a * cos - b * s, a * s + b * cos], axis=-1).reshape(*x.shape[:-1], n_rot)
+        return mx.concatenate([x[..., :d], rot], axis=-1)
 
 
 # -- hyper-connections --------------------------------------------------------------------------

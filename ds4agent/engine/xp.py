@@ -28,7 +28,9 @@ class _Numpy:
     inf = np.inf
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(np, name)
+        value = getattr(np, name)
+        setattr(self, name, value)  # found in the instance from now on: no second lookup
+        return value
 
     @staticmethod
     def array(x: Any, dtype: Any = None) -> np.ndarray:
