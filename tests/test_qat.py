@@ -104,3 +104,40 @@ def test_numpy_stays_numpy() -> None:
     x = np.random.default_rng(1).normal(0, 3, (4, 512)).astype(np.float32)
     for out in (qat.fp8_kv_round(x, 64), qat.indexer_round(x[:, :128]), qat.f16_round(x), qat.pow2_ceil_log2(np.abs(x) + 1)):
         assert type(out) is np.ndarray and out.dtype == np.float32
+
+
+@pytest.fixture(scope="module")
+def native():
+    """cpu.c's versions, used by the CPU kernels (skipped where no C compiler is found)."""
+    from ds4agent.engine.kernels import cpu, cpu_build
+
+    try:
+        cpu.library()
+    except cpu_build.BuildError as e:
+        pytest.skip(str(e))
+    return cpu
+
+
+@pytest.mark.parametrize("width", [512, 192, 256])
+def test_native_kv_round(z, native, width: int) -> None:
+    """cpu.c's FP8 + f16 KV rounding: ds4's golden rows, f16-rounded, bit for bit; and the same
+    bits as qat.kv_round on wide-ranging random rows (64 rotated dims pass through FP8)."""
+    _bits_equal(native.kv_round(z[f"fp8_{width}_in"], 64), qat.f16_round(z[f"fp8_{width}_out"]))
+    rng = np.random.default_rng(width)
+    x = (rng.normal(size=(300, width)) * np.exp(rng.uniform(-12, 12, size=(300, 1)))).astype(np.float32)
+    x[0] = 0.0
+    _bits_equal(native.kv_round(x, 64), qat.kv_round(x, 64))
+    with pytest.raises(ValueError, match="FP8 blocks"):
+        native.kv_round(x[:, :100], 64)
+
+
+def test_native_indexer_round(z, native) -> None:
+    """cpu.c's Hadamard + FP4: ds4's golden chain bit for bit, and qat.indexer_round on random
+    rows of several widths and magnitudes (the query batch is (T, heads, 128))."""
+    _bits_equal(native.indexer_round(z["idx_in"]), z["idx_qat_out"])
+    rng = np.random.default_rng(3)
+    for shape in ((7, 16, 128), (50, 64), (3, 256)):
+        x = (rng.normal(size=shape) * np.exp(rng.uniform(-20, 20, size=shape[:-1] + (1,)))).astype(np.float32)
+        _bits_equal(native.indexer_round(x), qat.indexer_round(x))
+    with pytest.raises(ValueError, match="power of two"):
+        native.indexer_round(np.zeros((2, 96), np.float32))

@@ -205,10 +205,6 @@ def _query(q: mx.array, cos: mx.array, sin: mx.array, H: int, D: int, R: int, ep
     return Rope.apply(of(q).swapaxes(q, 0, 1), cos, sin, R)
 
 
-def _kv_round(rows: mx.array, n_rot: int) -> mx.array:
-    return qat.f16_round(qat.fp8_kv_round(rows, n_rot))
-
-
 # -- the model ----------------------------------------------------------------------------------
 
 class Model:
@@ -323,7 +319,7 @@ class Model:
         """KV cache rounding: FP8 on the non-RoPE dims, then f16 (spec §3.4c)."""
         if not self.opt.qat_sim:
             return rows
-        return fused(_kv_round, self.cfg.n_rot)(rows)
+        return self.k.kv_round(rows, self.cfg.n_rot)
 
     def _compress(self, i: int, pa: dict, p0: int, fr: Frontier, ratio: int, prefix: str):
         """Pool completed windows of the projected rows pa[prefix_kv] (scores pa[prefix_gate]),
@@ -348,7 +344,7 @@ class Model:
             c, s = self.rope.tables(start + 4 * np.arange(rows.shape[0]), True, xp)
             rows = Rope.apply(rows, c, s, R)
             if self.opt.qat_sim:
-                rows = qat.f16_round(qat.indexer_round(rows))
+                rows = qat.f16_round(self.k.indexer_round(rows))
             st.idx_comp = xp.concatenate([st.idx_comp, rows], axis=0)
         if qi is None:
             return None
@@ -359,7 +355,7 @@ class Model:
         qi = qi.reshape(T, Hi, Di)
         qi = xp.swapaxes(Rope.apply(xp.swapaxes(qi, 0, 1), cos, sin, R), 0, 1)  # (T, Hi, Di)
         if self.opt.qat_sim:
-            qi = qat.indexer_round(qi)
+            qi = self.k.indexer_round(qi)
         wi = pa["indexer.proj"] * (1.0 / math.sqrt(Di * Hi))  # (T, Hi)
         dots = xp.maximum(self.k.matmul(qi, st.idx_comp.T), 0.0)  # (T, Hi, C): relu before weighting
         scores = np.array(to(NP, xp.sum(dots * wi[:, :, None], axis=1)))  # (T, C)

@@ -65,6 +65,11 @@ _MIN_MANTISSA_NP = _ceil_log2_table()
 _MIN_MANTISSA_MX = mx.array(_MIN_MANTISSA_NP)
 
 
+def ceil_log2_table() -> np.ndarray:
+    """The per-exponent mantissa thresholds pow2_ceil_log2 uses (256 int32), for cpu.c."""
+    return _MIN_MANTISSA_NP.copy()
+
+
 def pow2_ceil_log2(r: Array) -> Array:
     """2^ceil(log2f(r)) for positive normal float32 r, bit-exact with C's ceilf(log2f(r))."""
     xp = of(r)
@@ -145,6 +150,11 @@ def hadamard(x: Array) -> Array:
 def indexer_round(x: Array) -> Array:
     """Indexer keys and queries: Hadamard rotation, then FP4."""
     return fp4_round(hadamard(x))
+
+
+def kv_round(x: Array, n_rot: int) -> Array:
+    """What the KV cache holds of a row (spec §3.4c): FP8 on the non-RoPE dims, then f16."""
+    return f16_round(fp8_kv_round(x, n_rot))
 
 
 def f16_round(x: Array) -> Array:

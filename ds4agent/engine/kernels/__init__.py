@@ -9,6 +9,7 @@ definitions); the model calls nothing else for its heavy work:
 * ``experts(layer, x, sel, weights, clamp)``: the fused routed-expert FFN of one layer;
 * ``attend(q, keys, mask, sinks)``: softmax attention with per-head sinks over shared K=V rows;
 * ``matmul(a, b)``: a product of two activation tensors (indexer scores);
+* ``kv_round`` / ``indexer_round``: the FP8 / FP4 simulation of cached rows (engine/qat.py);
 * ``hc_pre`` / ``hc_post``: the hyper-connection mix around each sublayer (hundreds of tiny
   ops in MLX; one call each in the CPU kernels).
 
@@ -46,6 +47,10 @@ class Kernels(Protocol):
     def attend(self, q: mx.array, keys: mx.array, mask: np.ndarray, sinks: mx.array) -> mx.array: ...
 
     def matmul(self, a: mx.array, b: mx.array) -> mx.array: ...
+
+    def kv_round(self, rows: mx.array, n_rot: int) -> mx.array: ...
+
+    def indexer_round(self, rows: mx.array) -> mx.array: ...
 
     def hc_pre(self, X: mx.array, fn: str, scale: mx.array, base: mx.array) -> tuple[mx.array, mx.array, mx.array]: ...
 

@@ -1012,6 +1012,86 @@ int ds4_matmul_grouped(const uint8_t *W, int type, int64_t row_bytes, int64_t G,
     return 0;
 }
 
+/* -- FP8 / FP4 KV simulation -------------------------------------------------------------- *
+ * The same float32 operations as engine/qat.py, one row at a time (qat.py's docstring has the
+ * why; tests/test_qat.py holds both to ds4's golden vectors bit for bit). In numpy these are
+ * some fifteen passes over the array each, a quarter of a tiny model's prefill. Compiled
+ * with -ffp-contract=off, so every product and sum rounds as numpy's do. */
+
+static int32_t MIN_MANTISSA[256];  /* qat._ceil_log2_table(), handed over once at load */
+
+void ds4_set_ceil_log2_table(const int32_t *table) { memcpy(MIN_MANTISSA, table, sizeof MIN_MANTISSA); }
+
+static inline uint32_t f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static inline float u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+
+/* 2^ceil(log2f(r)) for positive normal r (qat.pow2_ceil_log2) */
+static inline float pow2_ceil_log2(float r) {
+    const uint32_t bits = f2u(r), biased = (bits >> 23) & 0xFF, mant = bits & 0x7FFFFF;
+    const uint32_t bump = (int32_t)mant >= MIN_MANTISSA[biased] && mant != 0;
+    return u2f((biased + bump) << 23);
+}
+
+static inline float clampf(float x, float lo, float hi) { return x < lo ? lo : (x > hi ? hi : x); }
+
+/* qat._grid_round: nearest value with `mbits` mantissa bits, smallest normal exponent emin */
+static inline float grid_round(float v, int mbits, int emin) {
+    const float a = fabsf(v);
+    int e = (int)((f2u(a) >> 23) & 0xFF) - 127;
+    if (e < emin) e = emin;
+    const float step = u2f((uint32_t)(e - mbits + 127) << 23);
+    const float q = ((a / step + 12582912.0f) - 12582912.0f) * step;  /* qat._round_half_even */
+    return v < 0 ? -q : q;
+}
+
+/* qat._block_round over one block of `n` values in place */
+static void block_round(float *x, int64_t n, float qmax, float floor_, int mbits, int emin) {
+    float amax = 0.0f;
+    for (int64_t i = 0; i < n; i++) amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
+    if (!(amax >= floor_)) amax = floor_;
+    const float scale = pow2_ceil_log2(amax / qmax);
+    for (int64_t i = 0; i < n; i++)
+        x[i] = grid_round(clampf(clampf(x[i] / scale, -qmax, qmax), -qmax, qmax), mbits, emin) * scale;
+}
+
+static inline float f16_round(float x) {
+#if defined(__F16C__)
+    return _cvtsh_ss(_cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT));
+#else
+    return (float)(_Float16)x;
+#endif
+}
+
+/* KV rows (rows, width): FP8 E4M3 in blocks of 64 on the first width - n_rot dims, then every
+ * value to f16 (model._kv_round). In place. */
+void ds4_kv_round(float *x, int64_t rows, int64_t width, int64_t n_rot) {
+#pragma omp parallel for schedule(static) if (rows * width >= (1 << 16))
+    for (int64_t r = 0; r < rows; r++) {
+        float *row = x + r * width;
+        for (int64_t b = 0; b + 64 <= width - n_rot; b += 64) block_round(row + b, 64, 448.0f, 1e-4f, 3, -6);
+        for (int64_t i = 0; i < width; i++) row[i] = f16_round(row[i]);
+    }
+}
+
+/* Indexer rows (rows, width), width a power of two: the Walsh-Hadamard butterfly in ds4's
+ * order, times 1/sqrt(width), then FP4 E2M1 in blocks of 32 (qat.indexer_round). In place. */
+void ds4_indexer_round(float *x, int64_t rows, int64_t width) {
+    const float norm = (float)(1.0 / sqrt((double)width));
+#pragma omp parallel for schedule(static) if (rows * width >= (1 << 16))
+    for (int64_t r = 0; r < rows; r++) {
+        float *row = x + r * width;
+        for (int64_t h = 1; h < width; h *= 2)
+            for (int64_t j = 0; j < width; j += 2 * h)
+                for (int64_t k = j; k < j + h; k++) {
+                    const float a = row[k], b = row[k + h];
+                    row[k] = a + b;
+                    row[k + h] = a - b;
+                }
+        for (int64_t i = 0; i < width; i++) row[i] *= norm;
+        for (int64_t b = 0; b + 32 <= width; b += 32) block_round(row + b, 32, 6.0f, 6.0f * 0x1p-126f, 1, 0);
+    }
+}
+
 /* -- attention ----------------------------------------------------------------------------- *
  * Softmax attention with one learned sink logit per head over rows that are both keys and
  * values (kernels.reference.attend_mx): q (H, T, D), keys (N, D), mask (T, N) bytes (nonzero

@@ -24,6 +24,7 @@ import mlx.core as mx
 import numpy as np
 from gguf.constants import GGMLQuantizationType as Q
 
+from ..qat import ceil_log2_table
 from ..quants import iq2xxs_tables
 from ..weights import Weights
 from ..xp import NP
@@ -46,6 +47,9 @@ def library() -> ctypes.CDLL:
         lib.ds4_moe.argtypes = [_P, _I, _I, _I, _I, _I, _P, _P, _P, _P, ctypes.c_int, _I, _P, ctypes.c_int, _I,
                                 ctypes.c_float, _P, ctypes.c_int]
         lib.ds4_quantize_act.argtypes = [_P, _I, _I, _P]
+        lib.ds4_set_ceil_log2_table.argtypes = [_P]
+        lib.ds4_kv_round.argtypes = [_P, _I, _I, _I]
+        lib.ds4_indexer_round.argtypes = [_P, _I, _I]
         lib.ds4_attend.argtypes = [_P, _I, _I, _I, _P, _I, _P, _P, _P]
         lib.ds4_matmul_multi.argtypes = [_I, _P, _P, _P, _P, _I, _P, _I, _P, ctypes.c_int]
         lib.ds4_matmul_grouped.argtypes = [_P, ctypes.c_int, _I, _I, _I, _I, _P, _I, _P, ctypes.c_int]
@@ -56,6 +60,8 @@ def library() -> ctypes.CDLL:
         lib.ds4_set_threads.argtypes = [ctypes.c_int]
         grid, signs = iq2xxs_tables()
         lib.ds4_set_iq2_tables(grid.ctypes.data, signs.ctypes.data)
+        table = np.ascontiguousarray(ceil_log2_table(), dtype=np.int32)  # named: alive through the call
+        lib.ds4_set_ceil_log2_table(table.ctypes.data)
         if os.environ.get("DS4_THREADS", "").isdigit():
             lib.ds4_set_threads(int(os.environ["DS4_THREADS"]))
         _lib = lib
@@ -138,6 +144,26 @@ def products(a: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """a (M, D) @ rowsᵀ for float32 rows (N, D), through the same kernel as the weights."""
     rows = _f32(rows)
     return matmul_raw(rows.view(np.uint8), int(Q.F32), rows.shape[1], a, False)
+
+
+def kv_round(rows: np.ndarray, n_rot: int) -> np.ndarray:
+    """qat.f16_round(qat.fp8_kv_round(rows, n_rot)) through cpu.c: the same bits."""
+    out = np.array(_f32(rows), dtype=np.float32, order="C")
+    width = out.shape[-1]
+    if (width - n_rot) % 64:
+        raise ValueError(f"KV rows of {width} with {n_rot} rotated dims are not whole FP8 blocks")
+    library().ds4_kv_round(out.ctypes.data, out.size // width, width, n_rot)
+    return out
+
+
+def indexer_round(rows: np.ndarray) -> np.ndarray:
+    """qat.indexer_round (Hadamard, then FP4 blocks) through cpu.c: the same bits."""
+    out = np.array(_f32(rows), dtype=np.float32, order="C")
+    width = out.shape[-1]
+    if width & (width - 1) or width % 32:
+        raise ValueError(f"indexer rows of {width} are not a power of two of whole FP4 blocks")
+    library().ds4_indexer_round(out.ctypes.data, out.size // width, width)
+    return out
 
 
 def attend(q: np.ndarray, keys: np.ndarray, mask: np.ndarray, sinks: np.ndarray) -> np.ndarray:
@@ -236,14 +262,23 @@ class CpuKernels:
     def attend(self, q: mx.array, keys: mx.array, mask: np.ndarray, sinks: mx.array) -> mx.array:
         return attend(q, keys, mask, sinks)
 
+    def kv_round(self, rows: np.ndarray, n_rot: int) -> np.ndarray:
+        return kv_round(rows, n_rot)
+
+    def indexer_round(self, rows: np.ndarray) -> np.ndarray:
+        return indexer_round(rows)
+
     def hc_pre(self, X: mx.array, fn: str, scale: mx.array, base: mx.array):
         cfg = self.w.cfg
         Xn = _f32(X)
         T, hc, E = Xn.shape
         raw, qtype, n = self._matrix(fn)
         x, post, M = (np.empty(shape, np.float32) for shape in ((T, E), (T, hc), (T, hc, hc)))
+        # Converted inputs are bound to names: a temporary's buffer would be freed as soon as
+        # its address is taken, before the C call reads it.
+        scale, base = _f32(scale), _f32(base)
         rc = library().ds4_hc_pre(Xn.ctypes.data, T, hc, E, raw.ctypes.data, int(qtype), raw.shape[1],
-                                  _f32(scale).ctypes.data, _f32(base).ctypes.data, cfg.rms_eps, cfg.hc_eps,
+                                  scale.ctypes.data, base.ctypes.data, cfg.rms_eps, cfg.hc_eps,
                                   cfg.hc_sinkhorn_iters, x.ctypes.data, post.ctypes.data, M.ctypes.data)
         if rc:
             raise ValueError(f"{fn}: hyper-connection mix failed ({rc})")
@@ -253,8 +288,8 @@ class CpuKernels:
         Xn = _f32(X)
         T, hc, E = Xn.shape
         out = np.empty_like(Xn)
-        library().ds4_hc_post(_f32(y).ctypes.data, Xn.ctypes.data, _f32(post).ctypes.data, _f32(M).ctypes.data,
-                              T, hc, E, out.ctypes.data)
+        y, post, M = _f32(y), _f32(post), _f32(M)  # named, as in hc_pre
+        library().ds4_hc_post(y.ctypes.data, Xn.ctypes.data, post.ctypes.data, M.ctypes.data, T, hc, E, out.ctypes.data)
         return out
 
     def matmul(self, a: mx.array, b: mx.array) -> mx.array:

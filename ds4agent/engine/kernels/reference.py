@@ -12,6 +12,7 @@ import math
 import mlx.core as mx
 import numpy as np
 
+from .. import qat
 from ..weights import QMatrix, Weights
 from ..xp import of
 
@@ -90,6 +91,16 @@ class ReferenceKernels:
 
     def attend(self, q: mx.array, keys: mx.array, mask: np.ndarray, sinks: mx.array) -> mx.array:
         return attend_mx(q, keys, mask, sinks)
+
+    def kv_round(self, rows: mx.array, n_rot: int) -> mx.array:
+        """The KV cache's rounding (qat.kv_round), as one compiled graph (model.fused)."""
+        from ..model import fused
+
+        return fused(qat.kv_round, n_rot)(rows)
+
+    def indexer_round(self, rows: mx.array) -> mx.array:
+        """The indexer's rounding of keys and queries: Hadamard rotation, then FP4."""
+        return qat.indexer_round(rows)
 
     def matmul(self, a: mx.array, b: mx.array) -> mx.array:
         """A dense product of activations (a @ b), e.g. indexer queries against its rows."""
