@@ -511,3 +511,25 @@ def test_other_x86_builds_agree(tmp_path, march: str) -> None:
                 else:
                     ref = x.astype(np.float64) @ w.T
                     assert np.abs(y - ref).max() <= 1e-5 * np.abs(ref).max(), (qtype, T, int8)
+
+
+@pytest.mark.parametrize("T", [1, 37])
+def test_query_and_output_layouts_match_reference(demo_path, T: int) -> None:
+    """queries (per-head norm + RoPE into (H, T, D)) and unrotate (inverse RoPE, grouped for the
+    output projection) in cpu.c against the MLX reference; the grouped product reads the
+    result without a copy."""
+    with Engine.open(demo_path, backend="cpu", kernels="reference") as e:
+        cfg, w = e.info.config, e._model.w
+        ref, ours = ReferenceKernels(w), cpu.CpuKernels(w, exact=True)
+        rng = np.random.default_rng(T)
+        pos = np.arange(100, 100 + T)
+        cos, sin = e._model.rope.tables(pos, True, np)
+        x = (rng.normal(size=(T, cfg.n_head * cfg.head_dim)) * 4).astype(np.float32)
+        a, b = ours.queries(x, cos, sin), np.array(ref.queries(mx.array(x), mx.array(cos), mx.array(sin)))
+        assert a.shape == (cfg.n_head, T, cfg.head_dim) and np.abs(a - b).max() <= 1e-6 * np.abs(b).max()
+        o = rng.normal(size=(cfg.n_head, T, cfg.head_dim)).astype(np.float32)
+        a, b = ours.unrotate(o, cos, sin), np.array(ref.unrotate(mx.array(o), mx.array(cos), mx.array(sin)))
+        assert a.shape == b.shape == (T, cfg.n_out_group, cfg.n_head // cfg.n_out_group * cfg.head_dim)
+        assert np.array_equal(a, b)  # a permutation and the same products: the same bits
+        name = "blk.1.attn_output_a.weight"
+        assert np.abs(ours.grouped(a, name) - np.array(ref.grouped(mx.array(b), name))).max() <= 1e-5

@@ -263,7 +263,7 @@ class Model:
     # Attention -------------------------------------------------------------------------------
     def _attention(self, i: int, x: mx.array, pos: np.ndarray, tables, st: LayerState, p0: int) -> mx.array:
         cfg, w, lin, p, xp = self.cfg, self.param, self.k.linear, f"blk.{i}.", self.xp
-        T, H, D, R = x.shape[0], cfg.n_head, cfg.head_dim, cfg.n_rot
+        T, R = x.shape[0], cfg.n_rot
         ratio = cfg.ratio(i)
         cos, sin = tables[ratio != 0]
         norm = fused(_norm, cfg.rms_eps)
@@ -277,7 +277,7 @@ class Model:
         pa = dict(zip(names, self.k.linears(a, tuple(p + n + ".weight" for n in names))))
         qr = norm(pa["attn_q_a"], w(p + "attn_q_a_norm.weight"))
         pq = self.k.linears(qr, (p + "attn_q_b.weight",) + ((p + "indexer.attn_q_b.weight",) if index else ()))
-        q = fused(_query, H, D, R, cfg.rms_eps)(pq[0], cos, sin)  # (H, T, D)
+        q = self.k.queries(pq[0], cos, sin)  # (H, T, D)
         kv = norm(pa["attn_kv"], w(p + "attn_kv_a_norm.weight"))
         kv = self._finish_kv(fused(Rope.apply, R)(kv, cos, sin))
 
@@ -307,12 +307,10 @@ class Model:
         st.raw = xp.concatenate([st.raw, kv], axis=0)[-cfg.sliding_window :]
 
         out = self.k.attend(q, keys, mask, w(p + "attn_sinks.weight"))  # (H, T, D): K = V
-        out = fused(Rope.apply, R, True)(out, cos, sin)
-        out = xp.swapaxes(out, 0, 1)  # (T, H, D)
 
         # Grouped projection: group g = contiguous heads, through rows g·rank..(g+1)·rank of
         # attn_output_a; not one big matmul over all heads.
-        low = self.k.grouped(out.reshape(T, cfg.n_out_group, -1), p + "attn_output_a.weight")
+        low = self.k.grouped(self.k.unrotate(out, cos, sin), p + "attn_output_a.weight")
         return lin(low, p + "attn_output_b.weight")
 
     def _finish_kv(self, rows: mx.array) -> mx.array:

@@ -9,6 +9,8 @@ definitions); the model calls nothing else for its heavy work:
 * ``experts(layer, x, sel, weights, clamp)``: the fused routed-expert FFN of one layer;
 * ``attend(q, keys, mask, sinks)``: softmax attention with per-head sinks over shared K=V rows;
 * ``matmul(a, b)``: a product of two activation tensors (indexer scores);
+* ``queries`` / ``unrotate``: the per-head layout around attention (norm and RoPE of the
+  queries into (H, T, D); the outputs rotated back and grouped for the output projection);
 * ``kv_round`` / ``indexer_round``: the FP8 / FP4 simulation of cached rows (engine/qat.py);
 * ``hc_pre`` / ``hc_post``: the hyper-connection mix around each sublayer (hundreds of tiny
   ops in MLX; one call each in the CPU kernels).
@@ -47,6 +49,10 @@ class Kernels(Protocol):
     def attend(self, q: mx.array, keys: mx.array, mask: np.ndarray, sinks: mx.array) -> mx.array: ...
 
     def matmul(self, a: mx.array, b: mx.array) -> mx.array: ...
+
+    def queries(self, x: mx.array, cos: mx.array, sin: mx.array) -> mx.array: ...
+
+    def unrotate(self, o: mx.array, cos: mx.array, sin: mx.array) -> mx.array: ...
 
     def kv_round(self, rows: mx.array, n_rot: int) -> mx.array: ...
 

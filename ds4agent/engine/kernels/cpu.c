@@ -1092,6 +1092,57 @@ void ds4_indexer_round(float *x, int64_t rows, int64_t width) {
     }
 }
 
+/* -- query and output layouts around attention ------------------------------------------- *
+ * The attention kernel wants each head's rows together (H, T, D); the projections produce
+ * and consume tokens' rows (T, H*D). In numpy the per-head norm, RoPE and the two transposes
+ * were ~10% of a Flash-width prefill (strided copies of 32 MB per layer, one core); here each
+ * (head, token) row is read once and written once in its new place, on every core. The
+ * arithmetic is model.rms_norm and Rope.apply's, product by product (no fused multiply-add),
+ * except that the sum of squares is accumulated in double. */
+
+/* dst = RoPE of src's last n_rot dims by (c, s) pairs, earlier dims copied; src scaled by
+ * `scale` first (exactly as numpy rounds y = x * scale, then rotates y). */
+static void rope_row(const float *src, float *dst, int64_t D, int64_t n_rot, const float *c, const float *s,
+                     float scale, int scaled) {
+    const int64_t d0 = D - n_rot;
+    for (int64_t i = 0; i < d0; i++) dst[i] = scaled ? src[i] * scale : src[i];
+    for (int64_t k = 0; k < n_rot / 2; k++) {
+        const float a = scaled ? src[d0 + 2 * k] * scale : src[d0 + 2 * k];
+        const float b = scaled ? src[d0 + 2 * k + 1] * scale : src[d0 + 2 * k + 1];
+        dst[d0 + 2 * k] = a * c[k] - b * s[k];
+        dst[d0 + 2 * k + 1] = a * s[k] + b * c[k];
+    }
+}
+
+/* q (T, H*D) -> out (H, T, D): each head's row RMS-normalised without weight, then rotated
+ * by the token's (cos, sin) rows (T, n_rot/2) (model._query). */
+void ds4_queries(const float *q, int64_t T, int64_t H, int64_t D, int64_t n_rot, const float *cos_,
+                 const float *sin_, float eps, float *out) {
+#pragma omp parallel for schedule(static) if (T * H * D >= (1 << 16))
+    for (int64_t ht = 0; ht < H * T; ht++) {
+        const int64_t h = ht / T, t = ht % T;
+        const float *src = q + (t * H + h) * D;
+        double ss = 0.0;
+        for (int64_t i = 0; i < D; i++) ss += (double)src[i] * src[i];
+        const float r = 1.0f / sqrtf((float)ss / (float)D + eps);
+        rope_row(src, out + ht * D, D, n_rot, cos_ + t * (n_rot / 2), sin_ + t * (n_rot / 2), r, 1);
+    }
+}
+
+/* o (H, T, D) -> slabs (G, T, (H/G)*D): each head's output rotated back (RoPE by -sin), the
+ * heads of group g side by side in slab g, the layout ds4_matmul_grouped reads. */
+void ds4_unrotate(const float *o, int64_t T, int64_t H, int64_t D, int64_t n_rot, const float *cos_,
+                  const float *sin_, int64_t G, float *slabs) {
+    const int64_t hpg = H / G, half = n_rot / 2;
+#pragma omp parallel for schedule(static) if (T * H * D >= (1 << 16))
+    for (int64_t ht = 0; ht < H * T; ht++) {
+        const int64_t h = ht / T, t = ht % T, g = h / hpg;
+        float neg[256];  /* -sin, as Rope.apply(inverse=True) forms it; n_rot/2 <= 256 */
+        for (int64_t k = 0; k < half; k++) neg[k] = -sin_[t * half + k];
+        rope_row(o + ht * D, slabs + ((g * T + t) * hpg + (h - g * hpg)) * D, D, n_rot, cos_ + t * half, neg, 1.0f, 0);
+    }
+}
+
 /* -- attention ----------------------------------------------------------------------------- *
  * Softmax attention with one learned sink logit per head over rows that are both keys and
  * values (kernels.reference.attend_mx): q (H, T, D), keys (N, D), mask (T, N) bytes (nonzero

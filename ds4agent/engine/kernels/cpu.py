@@ -50,6 +50,8 @@ def library() -> ctypes.CDLL:
         lib.ds4_set_ceil_log2_table.argtypes = [_P]
         lib.ds4_kv_round.argtypes = [_P, _I, _I, _I]
         lib.ds4_indexer_round.argtypes = [_P, _I, _I]
+        lib.ds4_queries.argtypes = [_P, _I, _I, _I, _I, _P, _P, ctypes.c_float, _P]
+        lib.ds4_unrotate.argtypes = [_P, _I, _I, _I, _I, _P, _P, _I, _P]
         lib.ds4_attend.argtypes = [_P, _I, _I, _I, _P, _I, _P, _P, _P]
         lib.ds4_matmul_multi.argtypes = [_I, _P, _P, _P, _P, _I, _P, _I, _P, ctypes.c_int]
         lib.ds4_matmul_grouped.argtypes = [_P, ctypes.c_int, _I, _I, _I, _I, _P, _I, _P, ctypes.c_int]
@@ -237,9 +239,30 @@ class CpuKernels:
             raise ValueError(f"{names}: no CPU kernel for one of these types")
         return [y[T * a : T * b].reshape(T, b - a) for a, b in zip(ends[:-1].tolist(), ends[1:].tolist())]
 
+    def queries(self, x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+        cfg = self.w.cfg
+        x, cos, sin = _f32(x), _f32(cos), _f32(sin)
+        T, H, D = x.shape[0], cfg.n_head, cfg.head_dim
+        out = np.empty((H, T, D), dtype=np.float32)
+        library().ds4_queries(x.ctypes.data, T, H, D, cfg.n_rot, cos.ctypes.data, sin.ctypes.data, cfg.rms_eps,
+                              out.ctypes.data)
+        return out
+
+    def unrotate(self, o: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+        cfg = self.w.cfg
+        o, cos, sin = _f32(o), _f32(cos), _f32(sin)
+        H, T, D = o.shape
+        G = cfg.n_out_group
+        if cfg.n_rot > 512 or H % G:
+            raise ValueError(f"{H} heads with {cfg.n_rot} rotated dims cannot be regrouped into {G}")
+        slabs = np.empty((G, T, H // G * D), dtype=np.float32)
+        library().ds4_unrotate(o.ctypes.data, T, H, D, cfg.n_rot, cos.ctypes.data, sin.ctypes.data, G,
+                               slabs.ctypes.data)
+        return slabs.transpose(1, 0, 2)  # (T, G, n), the layout grouped() reads without a copy
+
     def grouped(self, x: mx.array, name: str) -> mx.array:
         raw, qtype, n = self._matrix(name)
-        xn = _f32(x)
+        xn = x if isinstance(x, np.ndarray) and x.dtype == np.float32 else _f32(x)  # keep a transposed view
         T, G, _ = xn.shape
         R = raw.shape[0] // G
         slabs = np.ascontiguousarray(xn.transpose(1, 0, 2))  # (G, T, n): each group's rows together

@@ -92,6 +92,22 @@ class ReferenceKernels:
     def attend(self, q: mx.array, keys: mx.array, mask: np.ndarray, sinks: mx.array) -> mx.array:
         return attend_mx(q, keys, mask, sinks)
 
+    def queries(self, x: mx.array, cos: mx.array, sin: mx.array) -> mx.array:
+        """attn_q_b's output (T, H·D) -> each head RMS-normalised and rotated, (H, T, D)."""
+        from ..model import _query, fused
+
+        c = self.w.cfg
+        return fused(_query, c.n_head, c.head_dim, c.n_rot, c.rms_eps)(x, cos, sin)
+
+    def unrotate(self, o: mx.array, cos: mx.array, sin: mx.array) -> mx.array:
+        """Attention output (H, T, D) -> each head rotated back, grouped for attn_output_a:
+        (T, G, H/G·D), group g = heads g·H/G .. (g+1)·H/G side by side."""
+        from ..model import Rope, fused
+
+        c = self.w.cfg
+        o = fused(Rope.apply, c.n_rot, True)(o, cos, sin)
+        return mx.swapaxes(o, 0, 1).reshape(o.shape[1], c.n_out_group, -1)
+
     def kv_round(self, rows: mx.array, n_rot: int) -> mx.array:
         """The KV cache's rounding (qat.kv_round), as one compiled graph (model.fused)."""
         from ..model import fused
