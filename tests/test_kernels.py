@@ -90,7 +90,7 @@ def test_activation_quantisation(T: int, nb: int, seed: int, scale: float) -> No
 
 @pytest.mark.skipif(not cpu.int8_available(), reason="no integer path on this CPU (needs AVX2)")
 @pytest.mark.parametrize("qtype", QUANT)
-@pytest.mark.parametrize("T", [1, 3, 4, 9, 17])
+@pytest.mark.parametrize("T", [1, 2, 3, 4, 9, 17])
 def test_integer_path_is_the_product_with_rounded_activations(qtype: Q, T: int) -> None:
     """The integer kernels compute exactly Σ w·x̂ (x̂ = the quantised activations): checked
     against float64 to float32 accumulation error, which is far below the rounding of x."""
@@ -110,16 +110,18 @@ def test_integer_path_is_the_product_with_rounded_activations(qtype: Q, T: int) 
 
 
 @pytest.mark.skipif(not cpu.int8_available(), reason="no integer path on this CPU (needs AVX2)")
-def test_iq2_xxs_few_tokens_do_not_depend_on_the_batch() -> None:
-    """Below 16 tokens IQ2_XXS rows are decoded in registers four tokens at a time, each token's
-    sum formed as in the one-token kernel: a token's products are the same bits whether it
-    comes alone or with up to 15 others (an expert's share of a prefill chunk varies)."""
+@pytest.mark.parametrize("qtype", [Q.IQ2_XXS, Q.Q2_K])
+def test_expert_formats_few_tokens_do_not_depend_on_the_batch(qtype: Q) -> None:
+    """Below 16 tokens IQ2_XXS and Q2_K rows are decoded in registers for up to four tokens at
+    a time, each token's sum formed by the one-token kernel's code: a token's products are the
+    same bits whether it comes alone or with up to 15 others (an expert's share of a prefill
+    chunk varies)."""
     n, out = 1024, 37
-    raw = _blocks(Q.IQ2_XXS, out, n // 256, 5)
+    raw = _blocks(qtype, out, n // 256, 5)
     x = np.random.default_rng(5).normal(size=(15, n)).astype(np.float32)
-    alone = np.concatenate([cpu.matmul_raw(raw, Q.IQ2_XXS, n, x[t : t + 1]) for t in range(15)])
-    for T in (4, 5, 8, 15):
-        assert np.array_equal(cpu.matmul_raw(raw, Q.IQ2_XXS, n, x[:T]), alone[:T]), T
+    alone = np.concatenate([cpu.matmul_raw(raw, qtype, n, x[t : t + 1]) for t in range(15)])
+    for T in (2, 3, 4, 5, 7, 8, 15):
+        assert np.array_equal(cpu.matmul_raw(raw, qtype, n, x[:T]), alone[:T]), T
 
 
 def test_demo_tensors_through_matmul(demo_path) -> None:

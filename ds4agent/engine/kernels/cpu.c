@@ -472,34 +472,16 @@ static void idot4_q8_0(const uint8_t *w, int64_t row_bytes, const qblock *x, int
     for (int r = 0; r < 4; r++) out[r] = hsum8(_mm256_add_ps(e[r], o[r]));
 }
 
-static float idot_iq2_xxs(const uint8_t *w, const qblock *x, int64_t nb) {
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb / 8; b++, w += 66) {
-        const float d = h2f_fast(w);
-        for (int g = 0; g < 8; g++, x++) {
-            const uint8_t *a0 = w + 2 + 8 * g;
-            uint32_t a1;
-            memcpy(&a1, a0 + 4, 4);
-            const __m256i grid = _mm256_set_epi64x((long long)IQ2_GRID8[a0[3]], (long long)IQ2_GRID8[a0[2]],
-                                                   (long long)IQ2_GRID8[a0[1]], (long long)IQ2_GRID8[a0[0]]);
-            const __m256i sign = _mm256_set_epi64x((long long)IQ2_SIGN8[(a1 >> 21) & 127], (long long)IQ2_SIGN8[(a1 >> 14) & 127],
-                                                   (long long)IQ2_SIGN8[(a1 >> 7) & 127], (long long)IQ2_SIGN8[a1 & 127]);
-            const __m256i xs = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)x->q), sign);
-            const __m256i p = dot_u8s8(grid, xs);
-            const float db = d * (0.5f + (float)(a1 >> 28)) * 0.25f;
-            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(db * x->d), acc);
-        }
-    }
-    return hsum8(acc);
-}
-
-/* Four tokens (x rows nb blocks apart) against one packed IQ2_XXS row, decoding each block
- * into registers once for all four: no decoded copy is written or read back (decoding a row
- * into wblocks cost about two single-token dots). Each token's sum is formed exactly as in
- * idot_iq2_xxs, so a token's result does not depend on how many others share the call. */
-static void idot4_iq2_xxs(const uint8_t *w, const qblock *x, int64_t nb, float out[4]) {
+/* The IQ2_XXS and Q2_K dots take nt (1..4) tokens (x rows nb blocks apart) against one packed
+ * row, decoding each block into registers once for all of them: no decoded copy is written or
+ * read back (decoding a row into wblocks cost about two single-token dots). The one-token dot
+ * is the nt = 1 case of the same code, so a token's result is the same bits whether it comes
+ * alone or with others (an expert's share of a prefill chunk varies). nt is a constant at
+ * every call (see *_n below), so the accumulators stay in registers. */
+static inline __attribute__((always_inline)) void iq2_xxs_rows(const uint8_t *w, const qblock *x, int64_t nb,
+                                                               const int nt, float *out) {
     __m256 acc[4];
-    for (int t = 0; t < 4; t++) acc[t] = _mm256_setzero_ps();
+    for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb / 8; b++, w += 66) {
         const float d = h2f_fast(w);
         for (int g = 0; g < 8; g++) {
@@ -511,39 +493,76 @@ static void idot4_iq2_xxs(const uint8_t *w, const qblock *x, int64_t nb, float o
             const __m256i sign = _mm256_set_epi64x((long long)IQ2_SIGN8[(a1 >> 21) & 127], (long long)IQ2_SIGN8[(a1 >> 14) & 127],
                                                    (long long)IQ2_SIGN8[(a1 >> 7) & 127], (long long)IQ2_SIGN8[a1 & 127]);
             const float db = d * (0.5f + (float)(a1 >> 28)) * 0.25f;
-            for (int t = 0; t < 4; t++) {
+            for (int t = 0; t < nt; t++) {
                 const qblock *xt = x + t * nb + 8 * b + g;
                 const __m256i p = dot_u8s8(grid, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)xt->q), sign));
                 acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(db * xt->d), acc[t]);
             }
         }
     }
-    for (int t = 0; t < 4; t++) out[t] = hsum8(acc[t]);
+    for (int t = 0; t < nt; t++) out[t] = hsum8(acc[t]);
 }
 
-static float idot_q2_k(const uint8_t *w, const qblock *x, int64_t nb) {
-    __m256 acc = _mm256_setzero_ps();
-    float mins = 0.0f;
+static inline __attribute__((always_inline)) void q2_k_rows(const uint8_t *w, const qblock *x, int64_t nb,
+                                                            const int nt, float *out) {
+    __m256 acc[4];
+    float mins[4];
+    for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps(), mins[t] = 0.0f;
     const __m256i three = _mm256_set1_epi8(3);
     for (int64_t b = 0; b < nb / 8; b++, w += 84) {
         const uint8_t *sc = w, *qs = w + 16;
         const float d = h2f_fast(w + 80), dmin = h2f_fast(w + 82);
-        float m = 0.0f;
+        float m[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         for (int h = 0; h < 2; h++) {
             const __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * h));
-            for (int j = 0; j < 4; j++, x++) {
+            for (int j = 0; j < 4; j++) {
                 /* activation block 4h + j is elements 128h + 32j .. +31: bits 2j of qs[32h + l] */
                 const __m256i q = _mm256_and_si256(_mm256_srl_epi16(raw, _mm_cvtsi32_si128(2 * j)), three);
                 const int g = 8 * h + 2 * j;
                 const __m256i scales = _mm256_set_m128i(_mm_set1_epi16(sc[g + 1] & 0xF), _mm_set1_epi16(sc[g] & 0xF));
-                const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(q, _mm256_loadu_si256((const __m256i *)x->q)), scales);
-                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * x->d), acc);
-                m += x->d * (float)((sc[g] >> 4) * x->s[0] + (sc[g + 1] >> 4) * x->s[1]);
+                for (int t = 0; t < nt; t++) {
+                    const qblock *xt = x + t * nb + 8 * b + 4 * h + j;
+                    const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(q, _mm256_loadu_si256((const __m256i *)xt->q)), scales);
+                    acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * xt->d), acc[t]);
+                    m[t] += xt->d * (float)((sc[g] >> 4) * xt->s[0] + (sc[g + 1] >> 4) * xt->s[1]);
+                }
             }
         }
-        mins += dmin * m;
+        for (int t = 0; t < nt; t++) mins[t] += dmin * m[t];
     }
-    return hsum8(acc) - mins;
+    for (int t = 0; t < nt; t++) out[t] = hsum8(acc[t]) - mins[t];
+}
+
+static float idot_iq2_xxs(const uint8_t *w, const qblock *x, int64_t nb) {
+    float y;
+    iq2_xxs_rows(w, x, nb, 1, &y);
+    return y;
+}
+
+static float idot_q2_k(const uint8_t *w, const qblock *x, int64_t nb) {
+    float y;
+    q2_k_rows(w, x, nb, 1, &y);
+    return y;
+}
+
+typedef void (*idotn_fn)(const uint8_t *, const qblock *, int64_t, int, float *);
+
+static void idotn_iq2_xxs(const uint8_t *w, const qblock *x, int64_t nb, int nt, float *out) {
+    switch (nt) {
+    case 1: iq2_xxs_rows(w, x, nb, 1, out); break;
+    case 2: iq2_xxs_rows(w, x, nb, 2, out); break;
+    case 3: iq2_xxs_rows(w, x, nb, 3, out); break;
+    default: iq2_xxs_rows(w, x, nb, 4, out); break;
+    }
+}
+
+static void idotn_q2_k(const uint8_t *w, const qblock *x, int64_t nb, int nt, float *out) {
+    switch (nt) {
+    case 1: q2_k_rows(w, x, nb, 1, out); break;
+    case 2: q2_k_rows(w, x, nb, 2, out); break;
+    case 3: q2_k_rows(w, x, nb, 3, out); break;
+    default: q2_k_rows(w, x, nb, 4, out); break;
+    }
 }
 
 static float idot_q4_k(const uint8_t *w, const qblock *x, int64_t nb) {
@@ -835,7 +854,7 @@ static idec_fn int8_decoder(int type, wdot_fn *dot, wdot2_fn *dot2, wdot4_fn *do
 /* Up to this many tokens read each weight block straight from the file per token; more
  * tokens decode each row once into wblocks first (measured crossover on AVX-512 Zen 4). */
 #define DIRECT_MAX_T 3
-#define IQ2_DIRECT_MAX_T 16
+#define REG_MAX_T 16
 
 /* Y[t, r] = sum_k xhat[t, k] W[r, k] with the activations already quantised (Xq: T rows of
  * n/32 blocks). Rows are spread over the cores; each weight row is read once for all tokens. */
@@ -844,27 +863,26 @@ static void matmul_int8(const uint8_t *W, int type, int64_t row_bytes, int64_t o
     const int64_t nb = n / 32;
     const int parallel = out * n >= (1 << 16);
     (void)parallel;
-    /* IQ2_XXS for a few tokens (a routed expert's share of a prefill chunk is typically 3-10
-     * tokens): packed rows decoded in registers four tokens at a time beat decoded rows up to
-     * about 16 tokens; past that the table lookups repeated per four tokens cost more than
-     * decoding each row once. */
+    /* IQ2_XXS and Q2_K for a few tokens (a routed expert's share of a prefill chunk is
+     * typically 2-10 tokens): packed rows decoded in registers for up to four tokens at a
+     * time beat decoded rows up to about 16 tokens; past that the table lookups and bit
+     * unpacking repeated per four tokens cost more than decoding each row once. */
 #if defined(__AVX2__) && defined(__FMA__)
-    if (T > DIRECT_MAX_T && T < IQ2_DIRECT_MAX_T && type == T_IQ2_XXS) {
-        idot_fn dot = int8_dot(type);
+    if (T > 1 && T < REG_MAX_T && (type == T_IQ2_XXS || type == T_Q2_K)) {
+        const idotn_fn dotn = type == T_IQ2_XXS ? idotn_iq2_xxs : idotn_q2_k;
         enum { RB = 16 };
         const int64_t nblk = (out + RB - 1) / RB;
 #pragma omp parallel for schedule(static) if (parallel)
         for (int64_t blk = 0; blk < nblk; blk++) {
             const int64_t r0 = blk * RB, r1 = out - r0 < RB ? out : r0 + RB;
-            int64_t t = 0;
-            for (; t + 4 <= T; t += 4)
+            for (int64_t t = 0; t < T; t += 4) {
+                const int nt = T - t < 4 ? (int)(T - t) : 4;
                 for (int64_t r = r0; r < r1; r++) {
-                    float four[4];
-                    idot4_iq2_xxs(W + r * row_bytes, Xq + t * nb, nb, four);
-                    for (int j = 0; j < 4; j++) Y[(t + j) * y_stride + r] = four[j];
+                    float y[4];
+                    dotn(W + r * row_bytes, Xq + t * nb, nb, nt, y);
+                    for (int j = 0; j < nt; j++) Y[(t + j) * y_stride + r] = y[j];
                 }
-            for (; t < T; t++)
-                for (int64_t r = r0; r < r1; r++) Y[t * y_stride + r] = dot(W + r * row_bytes, Xq + t * nb, nb);
+            }
         }
         return;
     }
