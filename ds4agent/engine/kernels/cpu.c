@@ -1069,7 +1069,7 @@ static void block_round(float *x, int64_t n, float qmax, float floor_, int mbits
     if (!(amax >= floor_)) amax = floor_;
     const float scale = pow2_ceil_log2(amax / qmax);
     for (int64_t i = 0; i < n; i++)
-        x[i] = grid_round(clampf(clampf(x[i] / scale, -qmax, qmax), -qmax, qmax), mbits, emin) * scale;
+        x[i] = grid_round(clampf(x[i] / scale, -qmax, qmax), mbits, emin) * scale;  /* qat's second clip is a no-op */
 }
 
 static inline float f16_round(float x) {
@@ -1420,7 +1420,8 @@ int ds4_moe(const float *X, int64_t T, int64_t E, int64_t F, int64_t n_expert, i
     }
     for (int64_t i = 0; i < T * k; i++) order[count[sel[i]] + fill[sel[i]]++] = i;  /* token-major per expert */
     const int64_t qn = E > F ? E : F;
-    const int threads = omp_get_max_threads() < n_chosen ? omp_get_max_threads() : (int)(n_chosen ? n_chosen : 1);
+    int threads = omp_get_max_threads();
+    if (n_chosen < threads) threads = n_chosen ? (int)n_chosen : 1;
     float **partial = calloc((size_t)threads, sizeof *partial);
     if (!partial) { rc = -2; goto done; }
 #pragma omp parallel num_threads(threads)

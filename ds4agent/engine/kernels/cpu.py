@@ -150,7 +150,7 @@ def products(a: np.ndarray, rows: np.ndarray) -> np.ndarray:
 
 def kv_round(rows: np.ndarray, n_rot: int) -> np.ndarray:
     """qat.f16_round(qat.fp8_kv_round(rows, n_rot)) through cpu.c: the same bits."""
-    out = np.array(_f32(rows), dtype=np.float32, order="C")
+    out = np.array(_f32(rows))  # a copy: the C function rounds in place
     width = out.shape[-1]
     if (width - n_rot) % 64:
         raise ValueError(f"KV rows of {width} with {n_rot} rotated dims are not whole FP8 blocks")
@@ -160,7 +160,7 @@ def kv_round(rows: np.ndarray, n_rot: int) -> np.ndarray:
 
 def indexer_round(rows: np.ndarray) -> np.ndarray:
     """qat.indexer_round (Hadamard, then FP4 blocks) through cpu.c: the same bits."""
-    out = np.array(_f32(rows), dtype=np.float32, order="C")
+    out = np.array(_f32(rows))  # a copy: the C function rounds in place
     width = out.shape[-1]
     if width & (width - 1) or width % 32:
         raise ValueError(f"indexer rows of {width} are not a power of two of whole FP4 blocks")
