@@ -82,6 +82,10 @@ def main() -> None:
     ap.add_argument("--gen", type=int, default=32)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--repeat", type=int, default=3, help="alternating runs per engine; medians are compared")
+    ap.add_argument("--llama-python", default=sys.executable,
+                    help="the Python whose llama-cpp-python to run (default: this one). On CPUs with AMX, "
+                         "llama.cpp 0.3.36 built with GGML_NATIVE stops on a scheduler assertion for this "
+                         "model; build it into another venv with AMX off (see the README's Speed section)")
     ap.add_argument("--only", choices=["ours", "llama"], help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.only:
@@ -94,7 +98,8 @@ def main() -> None:
     runs: dict[str, list[dict]] = {"ours": [], "llama": []}
     for _ in range(max(1, a.repeat)):
         for which in ("ours", "llama"):
-            cmd = [sys.executable, __file__, a.model, "--prompt", str(a.prompt), "--gen", str(a.gen),
+            python = a.llama_python if which == "llama" else sys.executable
+            cmd = [python, __file__, a.model, "--prompt", str(a.prompt), "--gen", str(a.gen),
                    "--threads", str(a.threads), "--only", which]
             out = subprocess.run(cmd, capture_output=True, text=True, check=False)
             lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]

@@ -101,10 +101,11 @@ def patch_metadata(path: Path, key: str, old: bytes, new: bytes) -> None:
         f.write(new)
 
 
-def quantize_act_np(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Independent numpy statement of the CPU kernels' activation rounding: blocks of 32,
-    scale max|x|/127 in float32, round half to even. Returns (scales, int8 values)."""
-    blocks = x.reshape(x.shape[0], -1, 32)
+def quantize_act_np(x: np.ndarray, block: int = 32) -> tuple[np.ndarray, np.ndarray]:
+    """Independent numpy statement of the CPU kernels' activation rounding: blocks of 32 (or
+    256, the IQ2_XXS / Q2_K format below 16 tokens), scale max|x|/127 in float32, round half
+    to even. Returns (scales, int8 values)."""
+    blocks = x.reshape(x.shape[0], -1, block)
     d = (np.abs(blocks).max(axis=-1) / np.float32(127)).astype(np.float32)
     inv = np.where(d != 0, np.float32(1) / np.where(d != 0, d, 1), np.float32(0)).astype(np.float32)
     q = np.rint(blocks * inv[..., None]).astype(np.int8)

@@ -88,9 +88,26 @@ def test_activation_quantisation(T: int, nb: int, seed: int, scale: float) -> No
     assert _same_bits(got["ds"], np.repeat(sums, 4, axis=-1))
 
 
+@settings(max_examples=30, deadline=None)
+@given(T=st.integers(1, 3), nb=st.integers(1, 3), seed=st.integers(0, 2**32 - 1), scale=st.sampled_from([1e-3, 1.0, 300.0]))
+def test_activation_quantisation_per_256(T: int, nb: int, seed: int, scale: float) -> None:
+    x = (np.random.default_rng(seed).normal(size=(T, 256 * nb)) * scale).astype(np.float32)
+    x[0, :256] = 0.0
+    got = cpu.quantize_k(x)
+    d, q = _quantize_np(x, 256)
+    assert _same_bits(got["d"], d) and np.array_equal(got["q"], q)
+    assert np.array_equal(got["bsum"], q.reshape(T, nb, 16, 16).sum(-1, dtype=np.int32))
+
+
+def _activation_block(qtype: Q, T: int) -> int:
+    """The rounding grain the integer path applies: per 256 for the expert formats below 16
+    tokens (see cpu.c), per 32 otherwise."""
+    return 256 if qtype in (Q.IQ2_XXS, Q.Q2_K) and T < 16 else 32
+
+
 @pytest.mark.skipif(not cpu.int8_available(), reason="no integer path on this CPU (needs AVX2)")
 @pytest.mark.parametrize("qtype", QUANT)
-@pytest.mark.parametrize("T", [1, 2, 3, 4, 9, 17])
+@pytest.mark.parametrize("T", [1, 2, 3, 4, 8, 9, 15, 16, 17])
 def test_integer_path_is_the_product_with_rounded_activations(qtype: Q, T: int) -> None:
     """The integer kernels compute exactly Σ w·x̂ (x̂ = the quantised activations): checked
     against float64 to float32 accumulation error, which is far below the rounding of x."""
@@ -99,7 +116,7 @@ def test_integer_path_is_the_product_with_rounded_activations(qtype: Q, T: int) 
     raw = _blocks(qtype, out, n // elements(qtype), T)
     w = oracle(raw, qtype).astype(np.float64).reshape(out, n)
     x = (rng.normal(size=(T, n)) * rng.uniform(0.1, 10, size=(T, 1))).astype(np.float32)
-    d, q = _quantize_np(x)
+    d, q = _quantize_np(x, _activation_block(qtype, T))
     xhat = (d[..., None].astype(np.float64) * q).reshape(T, n)
     y = cpu.matmul_raw(raw, qtype, n, x, int8=True)
     scale = (np.abs(xhat) @ np.abs(w).T).max()
@@ -112,15 +129,15 @@ def test_integer_path_is_the_product_with_rounded_activations(qtype: Q, T: int) 
 @pytest.mark.skipif(not cpu.int8_available(), reason="no integer path on this CPU (needs AVX2)")
 @pytest.mark.parametrize("qtype", [Q.IQ2_XXS, Q.Q2_K])
 def test_expert_formats_few_tokens_do_not_depend_on_the_batch(qtype: Q) -> None:
-    """Below 16 tokens IQ2_XXS and Q2_K rows are decoded in registers for up to four tokens at
-    a time, each token's sum formed by the one-token kernel's code: a token's products are the
-    same bits whether it comes alone or with up to 15 others (an expert's share of a prefill
-    chunk varies)."""
+    """Below 16 tokens IQ2_XXS and Q2_K rows are decoded in registers for up to eight tokens
+    at a time, each token's sum formed by the one-token kernel's code: a token's products are
+    the same bits whether it comes alone or with up to 15 others (an expert's share of a
+    prefill chunk varies)."""
     n, out = 1024, 37
     raw = _blocks(qtype, out, n // 256, 5)
     x = np.random.default_rng(5).normal(size=(15, n)).astype(np.float32)
     alone = np.concatenate([cpu.matmul_raw(raw, qtype, n, x[t : t + 1]) for t in range(15)])
-    for T in (2, 3, 4, 5, 7, 8, 15):
+    for T in (2, 3, 4, 5, 6, 7, 8, 9, 12, 15):
         assert np.array_equal(cpu.matmul_raw(raw, qtype, n, x[:T]), alone[:T]), T
 
 
@@ -177,7 +194,9 @@ def test_linears_equal_separate_products(demo_path, T: int) -> None:
 def test_fused_experts_match_reference(demo_path, T: int, exact: bool) -> None:
     """Gather, dequantise, gate/up, clamped SwiGLU with routing weights, down, sum: one call
     equals the reference's expert-by-expert MLX ops; tokens may share experts. With 8-bit
-    activations (the default cpu kernels) the bound is the activation rounding's."""
+    activations (the default cpu kernels) the bound is the activation rounding's: below 16
+    tokens per expert one scale covers 256 values (a step of max|x|/254 over the whole row
+    here), which measured up to 2.8% of the largest output over 24 draws (per-32 scales: 1.9%)."""
     with Engine.open(demo_path, backend="cpu", kernels="reference") as e:
         w = e._model.w
         rng = np.random.default_rng(T)
@@ -188,7 +207,7 @@ def test_fused_experts_match_reference(demo_path, T: int, exact: bool) -> None:
             a = np.array(cpu.CpuKernels(w, exact=exact).experts(layer, x, sel, weights, 10.0))
             b = np.array(ReferenceKernels(w).experts(layer, x, sel, weights, 10.0))
             err = np.abs(a - b).max() / np.abs(b).max()
-            assert err <= (1e-5 if exact or not cpu.int8_available() else 2e-2), err
+            assert err <= (1e-5 if exact or not cpu.int8_available() else 4e-2), err
             if not exact and cpu.int8_available():
                 assert err > 1e-6  # the integer path really ran
 
@@ -397,7 +416,8 @@ def test_fused_experts_at_flash_dimensions(exact: bool) -> None:
     """The CPU expert FFN at the real shape (hidden 4096, expert width 2048, 6 of 16 experts,
     IQ2_XXS gate/up, Q2_K down; 3 tokens sharing some experts) against float64 on gguf's
     dequantisation. With 8-bit activations the float64 reference rounds the activations the
-    same way (x before gate/up, the SwiGLU output before down), so the bound stays tight."""
+    same way (x before gate/up, the SwiGLU output before down; one scale per 256 values, as
+    every expert here has fewer than 16 tokens), so the bound stays tight."""
     E, F, n_exp, k, T = 4096, 2048, 16, 6, 3
     gate = _blocks(Q.IQ2_XXS, n_exp * F, E // 256, 1).reshape(n_exp, F, -1)
     up = _blocks(Q.IQ2_XXS, n_exp * F, E // 256, 2).reshape(n_exp, F, -1)
@@ -412,7 +432,7 @@ def test_fused_experts_at_flash_dimensions(exact: bool) -> None:
     def act(v: np.ndarray) -> np.ndarray:
         if not rounded:
             return v.astype(np.float64)
-        d, q = _quantize_np(v.astype(np.float32)[None])
+        d, q = _quantize_np(v.astype(np.float32)[None], 256)
         return (d[..., None].astype(np.float64) * q).reshape(-1)
 
     ref = np.zeros((T, E))

@@ -241,6 +241,14 @@ static inline float hsum8(__m256 v) {
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
 }
+
+/* The largest of a vector's eight lanes (exact in any order). */
+static inline float hmax8(__m256 v) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
 #endif
 
 /* -- dot products: 4 weight rows against one activation row ------------------------------- */
@@ -366,8 +374,15 @@ static void matmul(const uint8_t *W, deq_fn deq, int64_t row_bytes, int64_t out,
  * per call to blocks of 32 (scale = max|x|/127, round to nearest even) and every weight block
  * is multiplied with integer instructions: the result is exactly sum_k w_k * xhat_k, where
  * xhat is the quantised activation and w the dequantised weight (tests check exactly this
- * against float64). Weights keep their exact values; only activations are rounded, at a
- * finer grain than llama.cpp's 256-element blocks for the K-quants. */
+ * against float64). Weights keep their exact values; only activations are rounded.
+ *
+ * Two activation formats. qblock (one scale per 32 values) serves Q8_0 and Q4_K, and every
+ * format from 16 tokens up, where each weight row is decoded once for the whole batch.
+ * kblock (one scale per 256 values, as llama.cpp's q8_K) serves the routed experts' IQ2_XXS
+ * and Q2_K below 16 tokens, decode included: with one activation scale per 256-value
+ * superblock a row's integer sums run over the whole superblock and meet a float once, where
+ * the per-32 scales cost a conversion, a scalar product, a broadcast and an FMA per 32 values
+ * and token (the experts are over half of a real-dimension prefill). */
 
 typedef struct {
     float d;        /* xhat = d * q */
@@ -382,6 +397,62 @@ int ds4_int8_available(void) {
 #else
     return 0;
 #endif
+}
+
+/* 256 activations of one token: the format the IQ2_XXS and Q2_K kernels read for few tokens. */
+typedef struct {
+    int8_t q[256];
+    int16_t bsum[16];  /* sums of q over each 16 values: the terms of the Q2_K minimums */
+    float d;           /* xhat = d * q */
+    int32_t pad[7];    /* 320 bytes: every block starts 32-byte aligned when the first does */
+} kblock;
+
+/* Quantise T rows of n floats (n a multiple of 256) into T * n/256 kblocks: scale
+ * max|x|/127 per 256 values, round to nearest even. */
+void ds4_quantize_k(const float *X, int64_t T, int64_t n, kblock *out) {
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t b = 0; b < n / 256; b++) {
+            const float *x = X + t * n + 256 * b;
+            kblock *o = out + t * (n / 256) + b;
+            memset(o->pad, 0, sizeof o->pad);
+#if defined(__AVX2__)
+            /* the same operations as the scalar loop below, eight lanes at a time (the float to
+             * int conversion rounds to nearest even, as nearbyintf does in the default mode) */
+            __m256 m = _mm256_setzero_ps();
+            const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+            for (int l = 0; l < 256; l += 8) m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(x + l), abs_mask));
+            const float amax = hmax8(m);
+            const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+            const __m256 vid = _mm256_set1_ps(id);
+            for (int j = 0; j < 16; j++) {
+                const __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 16 * j), vid));
+                const __m256i c = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 16 * j + 8), vid));
+                const __m256i w16 = _mm256_permute4x64_epi64(_mm256_packs_epi32(a, c), 0xD8);
+                _mm_storeu_si128((__m128i *)(o->q + 16 * j), _mm_packs_epi16(_mm256_castsi256_si128(w16),
+                                                                              _mm256_extracti128_si256(w16, 1)));
+                const __m256i s8 = _mm256_add_epi32(a, c);
+                __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+                s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+                s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+                o->bsum[j] = (int16_t)_mm_cvtsi128_si32(s4);
+            }
+            o->d = d;
+#else
+            float amax = 0.0f;
+            for (int l = 0; l < 256; l++) amax = fmaxf(amax, fabsf(x[l]));
+            const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+            for (int j = 0; j < 16; j++) {
+                int s = 0;
+                for (int l = 16 * j; l < 16 * j + 16; l++) {
+                    const int q = (int)nearbyintf(x[l] * id);
+                    o->q[l] = (int8_t)q;
+                    s += q;
+                }
+                o->bsum[j] = (int16_t)s;
+            }
+            o->d = d;
+#endif
+        }
 }
 
 /* Quantise T rows of n floats (n a multiple of 32) into T * n/32 blocks. */
@@ -472,18 +543,43 @@ static void idot4_q8_0(const uint8_t *w, int64_t row_bytes, const qblock *x, int
     for (int r = 0; r < 4; r++) out[r] = hsum8(_mm256_add_ps(e[r], o[r]));
 }
 
-/* The IQ2_XXS and Q2_K dots take nt (1..4) tokens (x rows nb blocks apart) against one packed
- * row, decoding each block into registers once for all of them: no decoded copy is written or
- * read back (decoding a row into wblocks cost about two single-token dots). The one-token dot
- * is the nt = 1 case of the same code, so a token's result is the same bits whether it comes
- * alone or with others (an expert's share of a prefill chunk varies). nt is a constant at
- * every call (see *_n below), so the accumulators stay in registers. */
-static inline __attribute__((always_inline)) void iq2_xxs_rows(const uint8_t *w, const qblock *x, int64_t nb,
-                                                               const int nt, float *out) {
-    __m256 acc[4];
+/* acc + the 8 int32 sums of four products of unsigned bytes u and signed bytes s (u*s pair
+ * sums below 2^15 for the plain AVX2 form: the callers' u are at most 45). */
+static inline __m256i dpbusd(__m256i acc, __m256i u, __m256i s) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(acc, u, s);
+#elif defined(__AVXVNNI__)
+    return _mm256_dpbusd_avx_epi32(acc, u, s);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+#endif
+}
+
+/* The IQ2_XXS and Q2_K products against kblock activations: nt (1..KT_MAX) tokens (x rows
+ * nsb superblocks apart) per pass over one packed row. Each 32-weight group is decoded in
+ * registers once for all nt tokens (no decoded copy is written or read back), and each
+ * token's sum is exact int32 over a superblock, scaled once. An expert's share of a prefill
+ * chunk is typically 2-10 tokens, so a pass takes up to 8 where AVX-512VL gives the 32
+ * registers to keep 8 tokens' sums live (4 on plain AVX2). The one-token product is the
+ * nt = 1 case of the same code and every token's sum is formed in the same order whatever nt
+ * is, so a token's result is the same bits alone or with others. nt is a constant at every
+ * call (see KT_CALL), so the sums stay in registers. */
+#if defined(__AVX512VL__)
+#define KT_MAX 8
+#else
+#define KT_MAX 4
+#endif
+
+/* IQ2_XXS: w = d/8 * ls * grid * sign with ls = 2*s4 + 1 per 32 weights. The sign goes onto
+ * the activation (signs are +-1: exact), grid magnitudes (8, 25, 43) times activations pair
+ * up in int16 (at most 2 * 43 * 127), times ls in int32 (a superblock's sum stays under 2^23). */
+static inline __attribute__((always_inline)) void iq2_xxs_k(const uint8_t *w, const kblock *x, int64_t nsb,
+                                                            const int nt, float *out) {
+    __m256 acc[KT_MAX];
     for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb / 8; b++, w += 66) {
-        const float d = h2f_fast(w);
+    for (int64_t b = 0; b < nsb; b++, w += 66) {
+        __m256i sum[KT_MAX];
+        for (int t = 0; t < nt; t++) sum[t] = _mm256_setzero_si256();
         for (int g = 0; g < 8; g++) {
             const uint8_t *a0 = w + 2 + 8 * g;
             uint32_t a1;
@@ -492,78 +588,86 @@ static inline __attribute__((always_inline)) void iq2_xxs_rows(const uint8_t *w,
                                                    (long long)IQ2_GRID8[a0[1]], (long long)IQ2_GRID8[a0[0]]);
             const __m256i sign = _mm256_set_epi64x((long long)IQ2_SIGN8[(a1 >> 21) & 127], (long long)IQ2_SIGN8[(a1 >> 14) & 127],
                                                    (long long)IQ2_SIGN8[(a1 >> 7) & 127], (long long)IQ2_SIGN8[a1 & 127]);
-            const float db = d * (0.5f + (float)(a1 >> 28)) * 0.25f;
+            const __m256i ls = _mm256_set1_epi16((short)(2 * (a1 >> 28) + 1));
             for (int t = 0; t < nt; t++) {
-                const qblock *xt = x + t * nb + 8 * b + g;
-                const __m256i p = dot_u8s8(grid, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)xt->q), sign));
-                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(db * xt->d), acc[t]);
+                const __m256i xq = _mm256_loadu_si256((const __m256i *)(x[t * nsb + b].q + 32 * g));
+                sum[t] = _mm256_add_epi32(sum[t], _mm256_madd_epi16(_mm256_maddubs_epi16(grid, _mm256_sign_epi8(xq, sign)), ls));
             }
+        }
+        const float d = h2f_fast(w) * 0.125f;
+        for (int t = 0; t < nt; t++)
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[t]), _mm256_set1_ps(d * x[t * nsb + b].d), acc[t]);
+    }
+    for (int t = 0; t < nt; t++) out[t] = hsum8(acc[t]);
+}
+
+/* Q2_K: w = d * sc * q - dmin * m per 16 weights (q 0..3, sc and m 0..15). sc * q is at most
+ * 45, so it is formed as a byte by table lookup (AVX2 has no byte multiply: each scale's
+ * products 0, s, 2s, 3s sit in four bytes that pshufb indexes with q) and every token then
+ * takes one unsigned-by-signed dot per 32 weights. The minimums meet the activations' 16-sums
+ * once per superblock. */
+static inline __attribute__((always_inline)) void q2_k_k(const uint8_t *w, const kblock *x, int64_t nsb,
+                                                         const int nt, float *out) {
+    __m256 acc[KT_MAX];
+    for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
+    const __m256i three = _mm256_set1_epi8(3);
+    for (int64_t b = 0; b < nsb; b++, w += 84) {
+        const __m128i sc = _mm_loadu_si128((const __m128i *)w);
+        const __m128i s1 = _mm_and_si128(sc, _mm_set1_epi8(0xF)), s2 = _mm_add_epi8(s1, s1), s3 = _mm_add_epi8(s2, s1);
+        const __m128i z01 = _mm_unpacklo_epi8(_mm_setzero_si128(), s1), z23 = _mm_unpacklo_epi8(s2, s3);
+        const __m128i h01 = _mm_unpackhi_epi8(_mm_setzero_si128(), s1), h23 = _mm_unpackhi_epi8(s2, s3);
+        uint32_t tab[16];  /* tab[k] = bytes 0, s_k, 2 s_k, 3 s_k */
+        _mm_storeu_si128((__m128i *)tab, _mm_unpacklo_epi16(z01, z23));
+        _mm_storeu_si128((__m128i *)(tab + 4), _mm_unpackhi_epi16(z01, z23));
+        _mm_storeu_si128((__m128i *)(tab + 8), _mm_unpacklo_epi16(h01, h23));
+        _mm_storeu_si128((__m128i *)(tab + 12), _mm_unpackhi_epi16(h01, h23));
+        const __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc, 4), _mm_set1_epi8(0xF)));
+        __m256i sum[KT_MAX];
+        for (int t = 0; t < nt; t++) sum[t] = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) {
+            const __m256i raw = _mm256_loadu_si256((const __m256i *)(w + 16 + 32 * h));
+            for (int j = 0; j < 4; j++) {
+                /* weights 128h + 32j .. +31 are bits 2j of qs[32h + l]; their scales are
+                 * 8h + 2j (first 16) and 8h + 2j + 1 */
+                const int g = 8 * h + 2 * j;
+                const __m256i q = _mm256_and_si256(_mm256_srl_epi16(raw, _mm_cvtsi32_si128(2 * j)), three);
+                const __m256i wq = _mm256_shuffle_epi8(_mm256_set_m128i(_mm_set1_epi32((int)tab[g + 1]), _mm_set1_epi32((int)tab[g])), q);
+                for (int t = 0; t < nt; t++)
+                    sum[t] = dpbusd(sum[t], wq, _mm256_loadu_si256((const __m256i *)(x[t * nsb + b].q + 128 * h + 32 * j)));
+            }
+        }
+        const float d = h2f_fast(w + 80), dmin = h2f_fast(w + 82);
+        for (int t = 0; t < nt; t++) {
+            const kblock *xt = x + t * nsb + b;
+            const __m256i m = _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *)xt->bsum));
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[t]), _mm256_set1_ps(d * xt->d), acc[t]);
+            acc[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m), _mm256_set1_ps(dmin * xt->d), acc[t]);
         }
     }
     for (int t = 0; t < nt; t++) out[t] = hsum8(acc[t]);
 }
 
-static inline __attribute__((always_inline)) void q2_k_rows(const uint8_t *w, const qblock *x, int64_t nb,
-                                                            const int nt, float *out) {
-    __m256 acc[4];
-    float mins[4];
-    for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps(), mins[t] = 0.0f;
-    const __m256i three = _mm256_set1_epi8(3);
-    for (int64_t b = 0; b < nb / 8; b++, w += 84) {
-        const uint8_t *sc = w, *qs = w + 16;
-        const float d = h2f_fast(w + 80), dmin = h2f_fast(w + 82);
-        float m[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        for (int h = 0; h < 2; h++) {
-            const __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * h));
-            for (int j = 0; j < 4; j++) {
-                /* activation block 4h + j is elements 128h + 32j .. +31: bits 2j of qs[32h + l] */
-                const __m256i q = _mm256_and_si256(_mm256_srl_epi16(raw, _mm_cvtsi32_si128(2 * j)), three);
-                const int g = 8 * h + 2 * j;
-                const __m256i scales = _mm256_set_m128i(_mm_set1_epi16(sc[g + 1] & 0xF), _mm_set1_epi16(sc[g] & 0xF));
-                for (int t = 0; t < nt; t++) {
-                    const qblock *xt = x + t * nb + 8 * b + 4 * h + j;
-                    const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(q, _mm256_loadu_si256((const __m256i *)xt->q)), scales);
-                    acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * xt->d), acc[t]);
-                    m[t] += xt->d * (float)((sc[g] >> 4) * xt->s[0] + (sc[g + 1] >> 4) * xt->s[1]);
-                }
-            }
-        }
-        for (int t = 0; t < nt; t++) mins[t] += dmin * m[t];
+/* One switch per kernel so that nt is a constant inside each instance. */
+#define KT_CALL(fn)                                                                         \
+    switch (nt) {                                                                           \
+    case 1: fn(w, x, nsb, 1, out); break;                                                   \
+    case 2: fn(w, x, nsb, 2, out); break;                                                   \
+    case 3: fn(w, x, nsb, 3, out); break;                                                   \
+    case 4: fn(w, x, nsb, KT_MAX < 4 ? KT_MAX : 4, out); break;                             \
+    case 5: fn(w, x, nsb, KT_MAX < 5 ? KT_MAX : 5, out); break;                             \
+    case 6: fn(w, x, nsb, KT_MAX < 6 ? KT_MAX : 6, out); break;                             \
+    case 7: fn(w, x, nsb, KT_MAX < 7 ? KT_MAX : 7, out); break;                             \
+    default: fn(w, x, nsb, KT_MAX, out); break;                                             \
     }
-    for (int t = 0; t < nt; t++) out[t] = hsum8(acc[t]) - mins[t];
-}
 
-static float idot_iq2_xxs(const uint8_t *w, const qblock *x, int64_t nb) {
-    float y;
-    iq2_xxs_rows(w, x, nb, 1, &y);
-    return y;
-}
-
-static float idot_q2_k(const uint8_t *w, const qblock *x, int64_t nb) {
-    float y;
-    q2_k_rows(w, x, nb, 1, &y);
-    return y;
-}
-
-typedef void (*idotn_fn)(const uint8_t *, const qblock *, int64_t, int, float *);
-
-static void idotn_iq2_xxs(const uint8_t *w, const qblock *x, int64_t nb, int nt, float *out) {
-    switch (nt) {
-    case 1: iq2_xxs_rows(w, x, nb, 1, out); break;
-    case 2: iq2_xxs_rows(w, x, nb, 2, out); break;
-    case 3: iq2_xxs_rows(w, x, nb, 3, out); break;
-    default: iq2_xxs_rows(w, x, nb, 4, out); break;
+static void kdot(int type, const uint8_t *w, const kblock *x, int64_t nsb, int nt, float *out) {
+    if (type == T_IQ2_XXS) {
+        KT_CALL(iq2_xxs_k)
+    } else {
+        KT_CALL(q2_k_k)
     }
 }
-
-static void idotn_q2_k(const uint8_t *w, const qblock *x, int64_t nb, int nt, float *out) {
-    switch (nt) {
-    case 1: q2_k_rows(w, x, nb, 1, out); break;
-    case 2: q2_k_rows(w, x, nb, 2, out); break;
-    case 3: q2_k_rows(w, x, nb, 3, out); break;
-    default: q2_k_rows(w, x, nb, 4, out); break;
-    }
-}
+#undef KT_CALL
 
 static float idot_q4_k(const uint8_t *w, const qblock *x, int64_t nb) {
     __m256 acc = _mm256_setzero_ps();
@@ -828,18 +932,24 @@ static idec_fn int8_decoder(int type, wdot_fn *dot, wdot2_fn *dot2, wdot4_fn *do
 
 typedef float (*idot_fn)(const uint8_t *, const qblock *, int64_t);
 
+/* The one-token dot against qblocks (IQ2_XXS and Q2_K take kblocks at one token: kdot). */
 static idot_fn int8_dot(int type) {
     switch (type) {
     case T_Q8_0: return idot_q8_0;
-    case T_Q2_K: return idot_q2_k;
     case T_Q4_K: return idot_q4_k;
-    case T_IQ2_XXS: return idot_iq2_xxs;
     default: return 0;
     }
 }
+
+static int has_int8(int type) { return type == T_Q8_0 || type == T_Q4_K || type == T_IQ2_XXS || type == T_Q2_K; }
 #else
 typedef float (*idot_fn)(const uint8_t *, const qblock *, int64_t);
 static idot_fn int8_dot(int type) { (void)type; return 0; }
+static int has_int8(int type) { (void)type; return 0; }
+static void kdot(int type, const uint8_t *w, const kblock *x, int64_t nsb, int nt, float *out) {
+    (void)type; (void)w; (void)x; (void)nsb; (void)nt; (void)out;
+}
+#define KT_MAX 1
 typedef struct { int dummy; } wblock;
 typedef void (*idec_fn)(const uint8_t *, wblock *, int64_t);
 typedef float (*wdot_fn)(const wblock *, const qblock *, int64_t);
@@ -859,34 +969,32 @@ static idec_fn int8_decoder(int type, wdot_fn *dot, wdot2_fn *dot2, wdot4_fn *do
 /* Y[t, r] = sum_k xhat[t, k] W[r, k] with the activations already quantised (Xq: T rows of
  * n/32 blocks). Rows are spread over the cores; each weight row is read once for all tokens. */
 static void matmul_int8(const uint8_t *W, int type, int64_t row_bytes, int64_t out, int64_t n,
-                        const qblock *Xq, int64_t T, float *Y, int64_t y_stride) {
+                        const qblock *Xq, const kblock *Xk, int64_t T, float *Y, int64_t y_stride) {
     const int64_t nb = n / 32;
     const int parallel = out * n >= (1 << 16);
     (void)parallel;
-    /* IQ2_XXS and Q2_K for a few tokens (a routed expert's share of a prefill chunk is
-     * typically 2-10 tokens): packed rows decoded in registers for up to four tokens at a
-     * time beat decoded rows up to about 16 tokens; past that the table lookups and bit
-     * unpacking repeated per four tokens cost more than decoding each row once. */
-#if defined(__AVX2__) && defined(__FMA__)
-    if (T > 1 && T < REG_MAX_T && (type == T_IQ2_XXS || type == T_Q2_K)) {
-        const idotn_fn dotn = type == T_IQ2_XXS ? idotn_iq2_xxs : idotn_q2_k;
+    /* IQ2_XXS and Q2_K below REG_MAX_T tokens (Xk: kblocks). Packed rows decoded in
+     * registers for up to KT_MAX tokens at a time beat decoding each row once into wblocks
+     * up to about 16 tokens; past that the table lookups and bit unpacking repeated per pass
+     * cost more. */
+    if (Xk) {
+        const int64_t nsb = n / 256;
         enum { RB = 16 };
         const int64_t nblk = (out + RB - 1) / RB;
 #pragma omp parallel for schedule(static) if (parallel)
         for (int64_t blk = 0; blk < nblk; blk++) {
             const int64_t r0 = blk * RB, r1 = out - r0 < RB ? out : r0 + RB;
-            for (int64_t t = 0; t < T; t += 4) {
-                const int nt = T - t < 4 ? (int)(T - t) : 4;
+            for (int64_t t = 0; t < T; t += KT_MAX) {
+                const int nt = T - t < KT_MAX ? (int)(T - t) : KT_MAX;
                 for (int64_t r = r0; r < r1; r++) {
-                    float y[4];
-                    dotn(W + r * row_bytes, Xq + t * nb, nb, nt, y);
+                    float y[KT_MAX];
+                    kdot(type, W + r * row_bytes, Xk + t * nsb, nsb, nt, y);
                     for (int j = 0; j < nt; j++) Y[(t + j) * y_stride + r] = y[j];
                 }
             }
         }
         return;
     }
-#endif
     if (T > DIRECT_MAX_T) {
         wdot_fn wdot = 0;
         wdot2_fn wdot2 = 0;
@@ -957,17 +1065,37 @@ static void matmul_int8(const uint8_t *W, int type, int64_t row_bytes, int64_t o
         for (int64_t t = 0; t < T; t++) Y[t * y_stride + r] = dot(W + r * row_bytes, Xq + t * nb, nb);
 }
 
-/* The product through the integer path when it applies (a quantised type, few tokens, AVX2),
- * else through dequantised float rows. */
-static void product(const uint8_t *W, int type, deq_fn deq, int64_t row_bytes, int64_t out, int64_t n,
-                    const float *X, int64_t T, float *Y, int64_t y_stride, int int8, qblock *scratch) {
-    idot_fn dot = int8_dot(type);
-    if (dot && int8 && n % 32 == 0) {
-        ds4_quantize_act(X, T, n, scratch);
-        matmul_int8(W, type, row_bytes, out, n, scratch, T, Y, y_stride);
-    } else {
+/* The activations a product of T tokens takes: 0 floats (no integer path for this type, or
+ * the exact kernels), 1 qblocks, 2 kblocks (IQ2_XXS and Q2_K below REG_MAX_T tokens). */
+static int act_format(int type, int64_t T, int64_t n, int int8) {
+    if (!int8 || !has_int8(type) || n % 32) return 0;
+    return (type == T_IQ2_XXS || type == T_Q2_K) && T < REG_MAX_T ? 2 : 1;
+}
+
+/* Scratch bytes for either format (a kblock covers 256 values in fewer bytes than 8 qblocks). */
+_Static_assert(sizeof(kblock) <= 8 * sizeof(qblock), "kblocks must fit a qblock scratch");
+static size_t act_bytes(int64_t T, int64_t n) { return (size_t)(T * (n / 32 + 1)) * sizeof(qblock); }
+
+/* Quantise X into scratch in the format a product with this weight type takes; returns it. */
+static int quantise(int type, const float *X, int64_t T, int64_t n, int int8, void *scratch) {
+    const int f = act_format(type, T, n, int8);
+    if (f == 1) ds4_quantize_act(X, T, n, scratch);
+    if (f == 2) ds4_quantize_k(X, T, n, scratch);
+    return f;
+}
+
+/* The product with X already quantised (acts, format f) or, f = 0, through float rows. */
+static void apply(const uint8_t *W, int type, deq_fn deq, int64_t row_bytes, int64_t out, int64_t n,
+                  const float *X, int64_t T, float *Y, int64_t y_stride, int f, const void *acts) {
+    if (f)
+        matmul_int8(W, type, row_bytes, out, n, f == 1 ? acts : NULL, f == 2 ? acts : NULL, T, Y, y_stride);
+    else
         matmul(W, deq, row_bytes, out, n, X, n, T, Y, y_stride);
-    }
+}
+
+static void product(const uint8_t *W, int type, deq_fn deq, int64_t row_bytes, int64_t out, int64_t n,
+                    const float *X, int64_t T, float *Y, int64_t y_stride, int int8, void *scratch) {
+    apply(W, type, deq, row_bytes, out, n, X, T, Y, y_stride, quantise(type, X, T, n, int8, scratch), scratch);
 }
 
 /* Y (T, out) = X (T, n) W^T; int8: take the integer path where the weight type has one. */
@@ -975,42 +1103,40 @@ int ds4_matmul(const uint8_t *W, int type, int64_t row_bytes, int64_t out, int64
                int64_t T, float *Y, int int8) {
     deq_fn deq = dequantiser(type);
     if (!deq) return -1;
-    qblock *scratch = NULL;
-    if (int8_dot(type) && int8 && n % 32 == 0) {
-        scratch = malloc((size_t)(T * (n / 32)) * sizeof *scratch);
-        if (!scratch) return -2;
-    }
+    void *scratch = NULL;
+    if (act_format(type, T, n, int8) && !(scratch = malloc(act_bytes(T, n)))) return -2;
     product(W, type, deq, row_bytes, out, n, X, T, Y, out, int8, scratch);
     free(scratch);
     return 0;
 }
 
 /* Several matrices sharing one input X (T, n) into Y[m] (T, out[m]): one call from Python and
- * one quantisation of X for all of them (a layer asks for up to seven products of the same
- * normalised activations; on decode each separate call cost more than its arithmetic). */
+ * one quantisation of X per activation format for all of them (a layer asks for up to seven
+ * products of the same normalised activations; on decode each separate call cost more than
+ * its arithmetic). */
 int ds4_matmul_multi(int64_t M, const int64_t *W, const int32_t *type, const int64_t *row_bytes,
                      const int64_t *out, int64_t n, const float *X, int64_t T, const int64_t *Y, int int8) {
-    int quantise = 0;
+    int need[3] = {0, 0, 0};
     for (int64_t m = 0; m < M; m++) {
         if (!dequantiser(type[m])) return -1;
-        if (int8 && n % 32 == 0 && int8_dot(type[m])) quantise = 1;
+        need[act_format(type[m], T, n, int8)] = 1;
     }
-    qblock *scratch = NULL;
-    if (quantise) {
-        scratch = malloc((size_t)(T * (n / 32)) * sizeof *scratch);
-        if (!scratch) return -2;
-        ds4_quantize_act(X, T, n, scratch);
-    }
+    void *acts[3] = {NULL, NULL, NULL};
+    int rc = 0;
+    for (int f = 1; f < 3; f++)
+        if (need[f] && !(acts[f] = malloc(act_bytes(T, n)))) rc = -2;
+    if (rc) goto done;
+    if (need[1]) ds4_quantize_act(X, T, n, acts[1]);
+    if (need[2]) ds4_quantize_k(X, T, n, acts[2]);
     for (int64_t m = 0; m < M; m++) {
-        const uint8_t *w = (const uint8_t *)(intptr_t)W[m];
-        float *y = (float *)(intptr_t)Y[m];
-        if (quantise && int8_dot(type[m]))
-            matmul_int8(w, type[m], row_bytes[m], out[m], n, scratch, T, y, out[m]);
-        else
-            matmul(w, dequantiser(type[m]), row_bytes[m], out[m], n, X, n, T, y, out[m]);
+        const int f = act_format(type[m], T, n, int8);
+        apply((const uint8_t *)(intptr_t)W[m], type[m], dequantiser(type[m]), row_bytes[m], out[m], n, X, T,
+              (float *)(intptr_t)Y[m], out[m], f, acts[f]);
     }
-    free(scratch);
-    return 0;
+done:
+    free(acts[1]);
+    free(acts[2]);
+    return rc;
 }
 
 /* Grouped product: group g of X (G contiguous (T, n) slabs) times rows g*R .. (g+1)*R of W,
@@ -1019,11 +1145,8 @@ int ds4_matmul_grouped(const uint8_t *W, int type, int64_t row_bytes, int64_t G,
                        const float *X, int64_t T, float *Y, int int8) {
     deq_fn deq = dequantiser(type);
     if (!deq) return -1;
-    qblock *scratch = NULL;
-    if (int8_dot(type) && int8 && n % 32 == 0) {
-        scratch = malloc((size_t)(T * (n / 32)) * sizeof *scratch);
-        if (!scratch) return -2;
-    }
+    void *scratch = NULL;
+    if (act_format(type, T, n, int8) && !(scratch = malloc(act_bytes(T, n)))) return -2;
     for (int64_t g = 0; g < G; g++)
         product(W + g * R * row_bytes, type, deq, row_bytes, R, n, X + g * T * n, T, Y + g * R, G * R, int8, scratch);
     free(scratch);
@@ -1371,7 +1494,7 @@ void ds4_hc_post(const float *y, const float *X, const float *post, const float 
  * result depends on the thread count but not on scheduling. */
 typedef struct {
     float *xs, *g, *u, *o, *y;
-    qblock *qs;
+    void *qs;  /* activations of the expert's tokens, either format */
 } moe_scratch;
 
 static void moe_expert(const float *X, int64_t E, int64_t F, int64_t k, const int64_t *order, int64_t m,
@@ -1379,8 +1502,9 @@ static void moe_expert(const float *X, int64_t E, int64_t F, int64_t k, const in
                        int64_t gu_row_bytes, const uint8_t *down, int d_type, deq_fn deq_d, int64_t d_row_bytes,
                        float clamp, int int8, moe_scratch *sc) {
     for (int64_t j = 0; j < m; j++) memcpy(sc->xs + j * E, X + (order[j] / k) * E, (size_t)E * 4);
-    product(gate, gu_type, deq_gu, gu_row_bytes, F, E, sc->xs, m, sc->g, F, int8, sc->qs);
-    product(up, gu_type, deq_gu, gu_row_bytes, F, E, sc->xs, m, sc->u, F, int8, sc->qs);
+    const int f = quantise(gu_type, sc->xs, m, E, int8, sc->qs);  /* once for gate and up */
+    apply(gate, gu_type, deq_gu, gu_row_bytes, F, E, sc->xs, m, sc->g, F, f, sc->qs);
+    apply(up, gu_type, deq_gu, gu_row_bytes, F, E, sc->xs, m, sc->u, F, f, sc->qs);
     for (int64_t j = 0; j < m; j++) {
         const float w = route_w[order[j]];
         float *gj = sc->g + j * F, *uj = sc->u + j * F;
@@ -1429,7 +1553,7 @@ int ds4_moe(const float *X, int64_t T, int64_t E, int64_t F, int64_t n_expert, i
         const int me = omp_get_thread_num();
         moe_scratch sc = {malloc((size_t)(most * E) * 4), malloc((size_t)(most * F) * 4), malloc((size_t)(most * F) * 4),
                           malloc((size_t)(most * E) * 4), me ? calloc((size_t)(T * E), 4) : Y,
-                          malloc((size_t)(most * (qn / 32 + 1)) * sizeof(qblock))};
+                          malloc(act_bytes(most, qn))};
         partial[me] = sc.y;
         const int ok = sc.xs && sc.g && sc.u && sc.o && sc.y && sc.qs;
         if (!ok) {

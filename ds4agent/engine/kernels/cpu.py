@@ -47,6 +47,7 @@ def library() -> ctypes.CDLL:
         lib.ds4_moe.argtypes = [_P, _I, _I, _I, _I, _I, _P, _P, _P, _P, ctypes.c_int, _I, _P, ctypes.c_int, _I,
                                 ctypes.c_float, _P, ctypes.c_int]
         lib.ds4_quantize_act.argtypes = [_P, _I, _I, _P]
+        lib.ds4_quantize_k.argtypes = [_P, _I, _I, _P]
         lib.ds4_set_ceil_log2_table.argtypes = [_P]
         lib.ds4_kv_round.argtypes = [_P, _I, _I, _I]
         lib.ds4_indexer_round.argtypes = [_P, _I, _I]
@@ -110,9 +111,22 @@ def quantize_act(x: np.ndarray) -> np.ndarray:
     return out
 
 
+KBLOCK = np.dtype([("q", "i1", 256), ("bsum", "<i2", 16), ("d", "<f4"), ("pad", "<i4", 7)])
+
+
+def quantize_k(x: np.ndarray) -> np.ndarray:
+    """The activation blocks IQ2_XXS and Q2_K products of fewer than 16 tokens multiply with:
+    (T, n/256) of KBLOCK (one scale per 256 values)."""
+    x = _f32(x)
+    out = np.empty((x.shape[0], x.shape[1] // 256), dtype=KBLOCK)
+    library().ds4_quantize_k(x.ctypes.data, x.shape[0], x.shape[1], out.ctypes.data)
+    return out
+
+
 def matmul_raw(raw: np.ndarray, qtype: int, n: int, x: np.ndarray, int8: bool = True) -> np.ndarray:
     """x (T, n) @ Wᵀ for W = packed rows raw (out, row_bytes) of n elements each. With int8
-    and a quantised W (and an AVX2 build) the activations go through quantize_act first."""
+    and a quantised W (and an AVX2 build) the activations go through quantize_act first
+    (quantize_k for IQ2_XXS and Q2_K below 16 tokens)."""
     raw = raw.view(np.uint8).reshape(raw.shape[0], -1)
     if not raw.flags.c_contiguous:
         raise ValueError("weight rows must be contiguous")
