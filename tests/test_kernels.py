@@ -126,6 +126,31 @@ def test_integer_path_is_the_product_with_rounded_activations(qtype: Q, T: int) 
     assert np.abs(y - exact).max() <= 2e-2 * scale
 
 
+@pytest.mark.parametrize("T", [16, 33])
+def test_q8_0_on_amx_tiles_and_on_vectors(T: int) -> None:
+    """Where the CPU has AMX (and Linux grants it), Q8_0 products of 16 tokens and more run on
+    tiles; both they and the AVX2 kernels compute Σ w·x̂ (37 rows: a partial row tile; 33
+    tokens: a partial token tile)."""
+    if not cpu.int8_available() or not cpu.set_amx(True):
+        pytest.skip("no AMX tiles on this machine")
+    n, out = 2048, 37
+    raw = _blocks(Q.Q8_0, out, n // 32, T)
+    w = oracle(raw, Q.Q8_0).astype(np.float64).reshape(out, n)
+    x = np.random.default_rng(T).normal(size=(T, n)).astype(np.float32)
+    d, q = _quantize_np(x)
+    want = (d[..., None].astype(np.float64) * q).reshape(T, n) @ w.T
+    try:
+        tiles = cpu.matmul_raw(raw, Q.Q8_0, n, x)
+        cpu.set_amx(False)
+        vectors = cpu.matmul_raw(raw, Q.Q8_0, n, x)
+    finally:
+        cpu.set_amx(True)
+    scale = np.abs(want).max()
+    for y in (tiles, vectors):
+        assert np.abs(y - want).max() <= 2e-6 * scale
+    assert not np.array_equal(tiles, vectors)  # two different summation orders: both really ran
+
+
 @pytest.mark.skipif(not cpu.int8_available(), reason="no integer path on this CPU (needs AVX2)")
 @pytest.mark.parametrize("qtype", [Q.IQ2_XXS, Q.Q2_K])
 def test_expert_formats_few_tokens_do_not_depend_on_the_batch(qtype: Q) -> None:

@@ -13,6 +13,7 @@
  *
  * Compiled at first use by kernels/cpu.py (cc -O3 -march=native -fopenmp when available).
  */
+#define _GNU_SOURCE /* syscall(), to ask Linux for the AMX tile state */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -961,6 +962,136 @@ static idec_fn int8_decoder(int type, wdot_fn *dot, wdot2_fn *dot2, wdot4_fn *do
 }
 #endif
 
+/* -- AMX: Q8_0 products of 16 tokens and more ------------------------------------------- *
+ * Intel's tile unit multiplies a 16 x 64-byte int8 tile by a 64 x 16 one in one instruction
+ * (TDPBSSD: 16 rows x 16 columns x 64 products, against 32-64 per AVX-512 VNNI instruction).
+ * For Q8_0 the weights need no decoding at all: a tile row is 32 quants of one block, loaded
+ * straight from the file with the row length as stride. Each block has its own weight and
+ * activation scales, so a tile product covers one block (K = 32) and its 16 x 16 int32 sums
+ * are scaled into float accumulators at once: the same sum_b w_scale * x_scale * int_dot as
+ * the AVX2 kernels, formed in a different order. Linux hands out the tile state only on
+ * request (arch_prctl), once per process; ds4_set_amx turns the path off for tests and
+ * comparisons. */
+#if defined(__AMX_INT8__) && defined(__AMX_TILE__) && defined(__AVX512F__) && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#define HAVE_AMX 1
+#define AMX_MIN_T 16
+
+static int amx_state = -1;  /* -1 not asked yet, 0 off or refused, 1 on */
+
+static int amx_on(void) {
+    int s = __atomic_load_n(&amx_state, __ATOMIC_RELAXED);
+    if (s < 0) {
+        s = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
+        __atomic_store_n(&amx_state, s, __ATOMIC_RELAXED);
+    }
+    return s;
+}
+
+int ds4_set_amx(int on) {
+    if (!on) {
+        __atomic_store_n(&amx_state, 0, __ATOMIC_RELAXED);
+        return 0;
+    }
+    __atomic_store_n(&amx_state, -1, __ATOMIC_RELAXED);
+    return amx_on();
+}
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} __attribute__((packed)) tile_config;
+
+/* Y[t, r] for Q8_0 rows against qblock activations, T >= 1 (tokens are padded to 16 with
+ * zeros). Returns -1 without touching Y when scratch memory runs out. */
+static int matmul_q8_0_amx(const uint8_t *W, int64_t row_bytes, int64_t out, int64_t nb, const qblock *Xq,
+                           int64_t T, float *Y, int64_t y_stride, int parallel) {
+    const int64_t ntile = (T + 15) / 16, nrt = (out + 15) / 16;
+    /* activations in the B-tile layout: per (token tile, block), 8 rows of 16 tokens x 4
+     * consecutive quants, and the 16 tokens' scales */
+    int8_t *B = aligned_alloc(64, (size_t)(ntile * nb) * 512);
+    float *D = aligned_alloc(64, (size_t)(ntile * nb) * 64);
+    if (!B || !D) {
+        free(B); free(D);
+        return -1;
+    }
+    for (int64_t j = 0; j < ntile; j++)
+        for (int64_t b = 0; b < nb; b++) {
+            int8_t *bt = B + (j * nb + b) * 512;
+            float *dt = D + (j * nb + b) * 16;
+            for (int c = 0; c < 16; c++) {
+                const int64_t t = 16 * j + c;
+                for (int kk = 0; kk < 8; kk++) {
+                    if (t < T) memcpy(bt + kk * 64 + c * 4, Xq[t * nb + b].q + 4 * kk, 4);
+                    else memset(bt + kk * 64 + c * 4, 0, 4);
+                }
+                dt[c] = t < T ? Xq[t * nb + b].d : 0.0f;
+            }
+        }
+    int failed = 0;
+#pragma omp parallel if (parallel)
+    {
+        tile_config cfg;
+        memset(&cfg, 0, sizeof cfg);
+        cfg.palette = 1;
+        cfg.rows[0] = 16; cfg.colsb[0] = 64;  /* tile 0: 16 rows x 16 int32 sums */
+        cfg.rows[1] = 16; cfg.colsb[1] = 32;  /* tile 1: 16 weight rows x one block's quants */
+        cfg.rows[2] = 8;  cfg.colsb[2] = 64;  /* tile 2: 32 quants x 16 tokens, four per row */
+        _tile_loadconfig(&cfg);
+        float *wd = aligned_alloc(64, (size_t)nb * 64);   /* weight scales, [block][row] */
+        uint8_t *pad = malloc((size_t)(16 * row_bytes));  /* the last rows when out % 16 != 0 */
+        int32_t C[256] __attribute__((aligned(64)));
+        float acc_rows[256] __attribute__((aligned(64)));
+        if (!wd || !pad) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(static)
+        for (int64_t rt = 0; rt < nrt; rt++) {
+            if (!wd || !pad) continue;
+            const int64_t rows = out - 16 * rt < 16 ? out - 16 * rt : 16;
+            const uint8_t *A = W + 16 * rt * row_bytes;
+            if (rows < 16) {
+                memset(pad, 0, (size_t)(16 * row_bytes));
+                memcpy(pad, A, (size_t)(rows * row_bytes));
+                A = pad;
+            }
+            for (int64_t b = 0; b < nb; b++)
+                for (int r = 0; r < 16; r++) wd[b * 16 + r] = h2f_fast(A + r * row_bytes + 34 * b);
+            for (int64_t j = 0; j < ntile; j++) {
+                __m512 acc[16];
+                for (int r = 0; r < 16; r++) acc[r] = _mm512_setzero_ps();
+                for (int64_t b = 0; b < nb; b++) {
+                    _tile_zero(0);
+                    _tile_loadd(1, A + 34 * b + 2, row_bytes);
+                    _tile_loadd(2, B + (j * nb + b) * 512, 64);
+                    _tile_dpbssd(0, 1, 2);
+                    _tile_stored(0, C, 64);
+                    const __m512 xd = _mm512_load_ps(D + (j * nb + b) * 16);
+                    for (int r = 0; r < 16; r++)
+                        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(C + 16 * r)),
+                                                 _mm512_mul_ps(xd, _mm512_set1_ps(wd[b * 16 + r])), acc[r]);
+                }
+                for (int r = 0; r < 16; r++) _mm512_store_ps(acc_rows + 16 * r, acc[r]);
+                const int64_t nt = T - 16 * j < 16 ? T - 16 * j : 16;
+                for (int64_t c = 0; c < nt; c++)
+                    for (int64_t r = 0; r < rows; r++) Y[(16 * j + c) * y_stride + 16 * rt + r] = acc_rows[16 * r + c];
+            }
+        }
+        _tile_release();
+        free(wd);
+        free(pad);
+    }
+    free(B);
+    free(D);
+    return failed ? -1 : 0;
+}
+#else
+int ds4_set_amx(int on) { (void)on; return 0; }
+#endif
+
 /* Up to this many tokens read each weight block straight from the file per token; more
  * tokens decode each row once into wblocks first (measured crossover on AVX-512 Zen 4). */
 #define DIRECT_MAX_T 3
@@ -995,6 +1126,10 @@ static void matmul_int8(const uint8_t *W, int type, int64_t row_bytes, int64_t o
         }
         return;
     }
+#if defined(HAVE_AMX)
+    if (type == T_Q8_0 && T >= AMX_MIN_T && amx_on() && !matmul_q8_0_amx(W, row_bytes, out, nb, Xq, T, Y, y_stride, parallel))
+        return;
+#endif
     if (T > DIRECT_MAX_T) {
         wdot_fn wdot = 0;
         wdot2_fn wdot2 = 0;

@@ -48,6 +48,7 @@ def library() -> ctypes.CDLL:
                                 ctypes.c_float, _P, ctypes.c_int]
         lib.ds4_quantize_act.argtypes = [_P, _I, _I, _P]
         lib.ds4_quantize_k.argtypes = [_P, _I, _I, _P]
+        lib.ds4_set_amx.argtypes = [ctypes.c_int]
         lib.ds4_set_ceil_log2_table.argtypes = [_P]
         lib.ds4_kv_round.argtypes = [_P, _I, _I, _I]
         lib.ds4_indexer_round.argtypes = [_P, _I, _I]
@@ -109,6 +110,12 @@ def quantize_act(x: np.ndarray) -> np.ndarray:
     out = np.empty((x.shape[0], x.shape[1] // 32), dtype=QBLOCK)
     library().ds4_quantize_act(x.ctypes.data, x.shape[0], x.shape[1], out.ctypes.data)
     return out
+
+
+def set_amx(on: bool) -> bool:
+    """Use Intel AMX tiles for Q8_0 products of 16 tokens and more (the default where the CPU
+    and the kernel allow it) or not; returns whether they are used now."""
+    return bool(library().ds4_set_amx(int(on)))
 
 
 KBLOCK = np.dtype([("q", "i1", 256), ("bsum", "<i2", 16), ("d", "<f4"), ("pad", "<i4", 7)])
