@@ -68,6 +68,8 @@ def library() -> ctypes.CDLL:
         lib.ds4_set_ceil_log2_table(table.ctypes.data)
         if os.environ.get("DS4_THREADS", "").isdigit():
             lib.ds4_set_threads(int(os.environ["DS4_THREADS"]))
+        if os.environ.get("DS4_AMX") == "0":  # the tiles off (comparisons; a kernel that refuses them)
+            lib.ds4_set_amx(0)
         _lib = lib
     return _lib
 
