@@ -126,29 +126,63 @@ def test_integer_path_is_the_product_with_rounded_activations(qtype: Q, T: int) 
     assert np.abs(y - exact).max() <= 2e-2 * scale
 
 
-@pytest.mark.parametrize("T", [16, 33])
-def test_q8_0_on_amx_tiles_and_on_vectors(T: int) -> None:
-    """Where the CPU has AMX (and Linux grants it), Q8_0 products of 16 tokens and more run on
-    tiles; both they and the AVX2 kernels compute Σ w·x̂ (37 rows: a partial row tile; 33
-    tokens: a partial token tile)."""
-    if not cpu.int8_available() or not cpu.set_amx(True):
-        pytest.skip("no AMX tiles on this machine")
+def _q8_0_batch(T: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A Q8_0 product of T tokens with 37 rows (a partial row tile; 33 tokens: a partial token
+    tile): (raw rows, activations, the float64 product with the rounded activations)."""
     n, out = 2048, 37
     raw = _blocks(Q.Q8_0, out, n // 32, T)
     w = oracle(raw, Q.Q8_0).astype(np.float64).reshape(out, n)
     x = np.random.default_rng(T).normal(size=(T, n)).astype(np.float32)
     d, q = _quantize_np(x)
-    want = (d[..., None].astype(np.float64) * q).reshape(T, n) @ w.T
+    return raw, x, (d[..., None].astype(np.float64) * q).reshape(T, n) @ w.T
+
+
+@pytest.mark.parametrize("T", [16, 33])
+def test_q8_0_on_avx512_vnni_and_on_decoded_rows(T: int) -> None:
+    """Where the build has AVX-512 VNNI, Q8_0 products of 16 tokens and more multiply token
+    tiles by weights broadcast from the file; both it and the decoded-row kernels compute
+    Σ w·x̂."""
+    if not cpu.int8_available() or not cpu.set_vnni512(True):
+        pytest.skip("no AVX-512 VNNI in this build")
+    raw, x, want = _q8_0_batch(T)
+    amx = cpu.set_amx(False)
     try:
-        tiles = cpu.matmul_raw(raw, Q.Q8_0, n, x)
-        cpu.set_amx(False)
-        vectors = cpu.matmul_raw(raw, Q.Q8_0, n, x)
+        wide = cpu.matmul_raw(raw, Q.Q8_0, 2048, x)
+        cpu.set_vnni512(False)
+        rows = cpu.matmul_raw(raw, Q.Q8_0, 2048, x)
     finally:
+        cpu.set_vnni512(True)
+        cpu.set_amx(amx)
+    scale = np.abs(want).max()
+    for y in (wide, rows):
+        assert np.abs(y - want).max() <= 2e-6 * scale
+    assert not np.array_equal(wide, rows)  # two different summation orders: both really ran
+
+
+@pytest.mark.parametrize("T", [16, 33])
+def test_q8_0_on_amx_tiles_and_on_vectors(T: int) -> None:
+    """Where the CPU has AMX (and Linux grants it), Q8_0 products of 16 tokens and more run on
+    tiles. They compute Σ w·x̂ with the same int32 block sums, scaled in the same order, as
+    the AVX-512 VNNI kernel: the same bits; the decoded-row kernels differ in order."""
+    if not cpu.int8_available() or not cpu.set_amx(True):
+        pytest.skip("no AMX tiles on this machine")
+    raw, x, want = _q8_0_batch(T)
+    try:
+        tiles = cpu.matmul_raw(raw, Q.Q8_0, 2048, x)
+        cpu.set_amx(False)
+        vnni = cpu.set_vnni512(True)
+        vectors = cpu.matmul_raw(raw, Q.Q8_0, 2048, x)
+        cpu.set_vnni512(False)
+        rows = cpu.matmul_raw(raw, Q.Q8_0, 2048, x)
+    finally:
+        cpu.set_vnni512(True)
         cpu.set_amx(True)
     scale = np.abs(want).max()
-    for y in (tiles, vectors):
+    for y in (tiles, vectors, rows):
         assert np.abs(y - want).max() <= 2e-6 * scale
-    assert not np.array_equal(tiles, vectors)  # two different summation orders: both really ran
+    if vnni:
+        assert _same_bits(tiles, vectors)
+    assert not np.array_equal(tiles, rows)
 
 
 @pytest.mark.skipif(not cpu.int8_available(), reason="no integer path on this CPU (needs AVX2)")

@@ -49,6 +49,7 @@ def library() -> ctypes.CDLL:
         lib.ds4_quantize_act.argtypes = [_P, _I, _I, _P]
         lib.ds4_quantize_k.argtypes = [_P, _I, _I, _P]
         lib.ds4_set_amx.argtypes = [ctypes.c_int]
+        lib.ds4_set_vnni512.argtypes = [ctypes.c_int]
         lib.ds4_set_ceil_log2_table.argtypes = [_P]
         lib.ds4_kv_round.argtypes = [_P, _I, _I, _I]
         lib.ds4_indexer_round.argtypes = [_P, _I, _I]
@@ -118,6 +119,13 @@ def set_amx(on: bool) -> bool:
     """Use Intel AMX tiles for Q8_0 products of 16 tokens and more (the default where the CPU
     and the kernel allow it) or not; returns whether they are used now."""
     return bool(library().ds4_set_amx(int(on)))
+
+
+def set_vnni512(on: bool) -> bool:
+    """Use the AVX-512 VNNI kernel for Q8_0 products of 16 tokens and more where no AMX tiles
+    take them (the default where the build has AVX-512 VNNI) or the decoded-row kernels;
+    returns whether it is used now."""
+    return bool(library().ds4_set_vnni512(int(on)))
 
 
 KBLOCK = np.dtype([("q", "i1", 256), ("bsum", "<i2", 16), ("d", "<f4"), ("pad", "<i4", 7)])
