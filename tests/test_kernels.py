@@ -556,7 +556,9 @@ def test_unusable_cache_is_one_clear_error(tmp_path, monkeypatch) -> None:
 def test_other_x86_builds_agree(tmp_path, march: str) -> None:
     """cpu.c has per-instruction-set branches; -march=native runs only one of them here. Build
     it for AVX2 without AVX-512 (x86-64-v3) and for plain SSE2 (x86-64) and check those paths:
-    float products against float64, and the AVX2 integer path against this machine's."""
+    float products against float64, and the AVX2 integer path against this machine's: the
+    same bits for the expert formats below 16 tokens, whose AVX-512 kernels form the AVX2
+    kernels' exact integer sums (see cpu.c)."""
     import ctypes
 
     from ds4agent.engine.kernels import cpu_build
@@ -580,7 +582,7 @@ def test_other_x86_builds_agree(tmp_path, march: str) -> None:
         else:
             raw = _blocks(qtype, rows, n // elements(qtype), 3)
         w = oracle(raw, qtype).astype(np.float64).reshape(rows, n)
-        for T in (1, 5):
+        for T in (1, 5, 9):
             x = rng.normal(size=(T, n)).astype(np.float32)
             for int8 in (0, 1):
                 y = np.empty((T, rows), np.float32)
@@ -589,6 +591,8 @@ def test_other_x86_builds_agree(tmp_path, march: str) -> None:
                 if int8 and march == "x86-64-v3" and qtype in QUANT:
                     mine = cpu.matmul_raw(raw, qtype, n, x, int8=True)  # this machine's integer path
                     assert np.abs(y - mine).max() <= 1e-6 * np.abs(mine).max(), (qtype, T)
+                    if qtype in (Q.IQ2_XXS, Q.Q2_K):
+                        assert _same_bits(y, mine), (qtype, T)
                 else:
                     ref = x.astype(np.float64) @ w.T
                     assert np.abs(y - ref).max() <= 1e-5 * np.abs(ref).max(), (qtype, T, int8)

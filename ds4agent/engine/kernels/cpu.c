@@ -39,6 +39,8 @@ static float IQ2_SIGNS[128 * 8];
  * sign patterns as +1/-1 bytes, eight per 64-bit word. */
 static uint64_t IQ2_GRID8[256];
 static uint64_t IQ2_SIGN8[128];
+/* and as bit masks (bit k: weight k of the eight is negative), for AVX-512 masked negation */
+static uint8_t IQ2_SMASK[128] __attribute__((aligned(64)));
 
 void ds4_set_iq2_tables(const float *grid, const float *signs) {
     memcpy(IQ2_GRID, grid, sizeof IQ2_GRID);
@@ -52,6 +54,8 @@ void ds4_set_iq2_tables(const float *grid, const float *signs) {
         int8_t b[8];
         for (int k = 0; k < 8; k++) b[k] = signs[8 * i + k] < 0 ? -1 : 1;
         memcpy(&IQ2_SIGN8[i], b, 8);
+        IQ2_SMASK[i] = 0;
+        for (int k = 0; k < 8; k++) IQ2_SMASK[i] |= (uint8_t)((signs[8 * i + k] < 0) << k);
     }
 }
 
@@ -649,6 +653,114 @@ static inline __attribute__((always_inline)) void q2_k_k(const uint8_t *w, const
 }
 
 /* One switch per kernel so that nt is a constant inside each instance. */
+/* The same two products on AVX-512 (VNNI, VBMI): two 32-weight groups per 512-bit register,
+ * so one token takes one load, one masked negation, one byte dot and one word dot
+ * (VPDPWSSD: the scale ls and the add in one) per 64 weights. Decoding two IQ2_XXS groups
+ * takes eight grid loads, one byte permute of a 128-entry sign-mask table held in two
+ * registers for the eight sign bytes, and one word permute for the two ls (a gather of the
+ * grid words measured 1.7x slower than the loads on Zen 5). The int32 lanes hold the even
+ * groups in the low half and the odd ones in the high half; the halves are added before the
+ * superblock's scaling, so every token's sum is the AVX2 kernels' exact integer and the
+ * results are the same bits (the tests compare an AVX2 build). On 2 Zen 5 cores, one
+ * token against a 2048 x 4096 expert matrix: IQ2_XXS 0.26 -> 0.15 ms, Q2_K 0.14 -> 0.09 ms. */
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__) && \
+    defined(__AVX512VBMI__)
+#define HAVE_K512 1
+
+static inline __m256i halves_sum(__m512i v) {
+    return _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+}
+
+static inline __attribute__((always_inline)) void iq2_xxs_k512(const uint8_t *w, const kblock *x, int64_t nsb,
+                                                               const int nt, float *out) {
+    const __m512i smask_lo = _mm512_load_si512(IQ2_SMASK), smask_hi = _mm512_load_si512(IQ2_SMASK + 64);
+    const __m256i a1_dwords = _mm256_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3);
+    const __m256i sign_shift = _mm256_setr_epi32(0, 7, 14, 21, 0, 7, 14, 21);
+    /* word 2 (the first group's ls) into the low 16 words, word 6 into the high 16 */
+    const __m512i ls_words = _mm512_inserti64x4(_mm512_set1_epi16(2), _mm256_set1_epi16(6), 1);
+    __m256 acc[KT_MAX];
+    for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nsb; b++, w += 66) {
+        __m512i sum[KT_MAX];
+        for (int t = 0; t < nt; t++) sum[t] = _mm512_setzero_si512();
+        for (int g = 0; g < 8; g += 2) {
+            /* dwords: grid indices of group g, its signs and scale (a1), the same for g + 1 */
+            const __m128i v = _mm_loadu_si128((const __m128i *)(w + 2 + 8 * g));
+            const uint8_t *a = w + 2 + 8 * g;  /* grid indices: bytes 0-3 (group g), 8-11 (g + 1) */
+            const __m512i grid = _mm512_set_epi64((long long)IQ2_GRID8[a[11]], (long long)IQ2_GRID8[a[10]],
+                                                  (long long)IQ2_GRID8[a[9]], (long long)IQ2_GRID8[a[8]],
+                                                  (long long)IQ2_GRID8[a[3]], (long long)IQ2_GRID8[a[2]],
+                                                  (long long)IQ2_GRID8[a[1]], (long long)IQ2_GRID8[a[0]]);
+            const __m256i sidx = _mm256_and_si256(
+                _mm256_srlv_epi32(_mm256_permutevar8x32_epi32(_mm256_castsi128_si256(v), a1_dwords), sign_shift),
+                _mm256_set1_epi32(127));
+            const __m512i sbytes = _mm512_permutex2var_epi8(smask_lo, _mm512_castsi128_si512(_mm256_cvtepi32_epi8(sidx)),
+                                                            smask_hi);
+            const __mmask64 neg = _cvtu64_mask64((uint64_t)_mm_cvtsi128_si64(_mm512_castsi512_si128(sbytes)));
+            __m128i s4 = _mm_srli_epi32(v, 28);
+            s4 = _mm_add_epi32(_mm_add_epi32(s4, s4), _mm_set1_epi32(1));
+            const __m512i ls = _mm512_permutexvar_epi16(ls_words, _mm512_castsi128_si512(s4));
+            for (int t = 0; t < nt; t++) {
+                const __m512i xq = _mm512_loadu_si512(x[t * nsb + b].q + 32 * g);
+                const __m512i xs = _mm512_mask_sub_epi8(xq, neg, _mm512_setzero_si512(), xq);
+                sum[t] = _mm512_dpwssd_epi32(sum[t], _mm512_maddubs_epi16(grid, xs), ls);
+            }
+        }
+        const float d = h2f_fast(w) * 0.125f;
+        for (int t = 0; t < nt; t++)
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(halves_sum(sum[t])), _mm256_set1_ps(d * x[t * nsb + b].d), acc[t]);
+    }
+    for (int t = 0; t < nt; t++) out[t] = hsum8(acc[t]);
+}
+
+static inline __attribute__((always_inline)) void q2_k_k512(const uint8_t *w, const kblock *x, int64_t nsb,
+                                                            const int nt, float *out) {
+    __m256 acc[KT_MAX];
+    for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
+    const __m512i three = _mm512_set1_epi8(3);
+    /* for the pair of 32-weight groups j, j + 1: their four 16-weight scales, one per lane */
+    const __m512i lane_scale = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    for (int64_t b = 0; b < nsb; b++, w += 84) {
+        const __m128i sc = _mm_loadu_si128((const __m128i *)w);
+        const __m128i s1 = _mm_and_si128(sc, _mm_set1_epi8(0xF)), s2 = _mm_add_epi8(s1, s1), s3 = _mm_add_epi8(s2, s1);
+        const __m128i z01 = _mm_unpacklo_epi8(_mm_setzero_si128(), s1), z23 = _mm_unpacklo_epi8(s2, s3);
+        const __m128i h01 = _mm_unpackhi_epi8(_mm_setzero_si128(), s1), h23 = _mm_unpackhi_epi8(s2, s3);
+        /* dword k = bytes 0, s_k, 2 s_k, 3 s_k, as in q2_k_k */
+        __m512i tab = _mm512_castsi128_si512(_mm_unpacklo_epi16(z01, z23));
+        tab = _mm512_inserti32x4(tab, _mm_unpackhi_epi16(z01, z23), 1);
+        tab = _mm512_inserti32x4(tab, _mm_unpacklo_epi16(h01, h23), 2);
+        tab = _mm512_inserti32x4(tab, _mm_unpackhi_epi16(h01, h23), 3);
+        const __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc, 4), _mm_set1_epi8(0xF)));
+        __m512i sum[KT_MAX];
+        for (int t = 0; t < nt; t++) sum[t] = _mm512_setzero_si512();
+        for (int h = 0; h < 2; h++) {
+            const __m512i raw = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(w + 16 + 32 * h)));
+            for (int j = 0; j < 4; j += 2) {
+                const int g = 8 * h + 2 * j;  /* scale of weights 128h + 32j .. +15 */
+                const __m512i shift = _mm512_inserti64x4(_mm512_set1_epi16((short)(2 * j)), _mm256_set1_epi16((short)(2 * j + 2)), 1);
+                const __m512i q = _mm512_and_si512(_mm512_srlv_epi16(raw, shift), three);
+                const __m512i wq = _mm512_shuffle_epi8(_mm512_permutexvar_epi32(_mm512_add_epi32(lane_scale, _mm512_set1_epi32(g)), tab), q);
+                for (int t = 0; t < nt; t++)
+                    sum[t] = _mm512_dpbusd_epi32(sum[t], wq, _mm512_loadu_si512(x[t * nsb + b].q + 128 * h + 32 * j));
+            }
+        }
+        const float d = h2f_fast(w + 80), dmin = h2f_fast(w + 82);
+        for (int t = 0; t < nt; t++) {
+            const kblock *xt = x + t * nsb + b;
+            const __m256i m = _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *)xt->bsum));
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(halves_sum(sum[t])), _mm256_set1_ps(d * xt->d), acc[t]);
+            acc[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m), _mm256_set1_ps(dmin * xt->d), acc[t]);
+        }
+    }
+    for (int t = 0; t < nt; t++) out[t] = hsum8(acc[t]);
+}
+#define IQ2_XXS_K iq2_xxs_k512
+#define Q2_K_K q2_k_k512
+#else
+#define IQ2_XXS_K iq2_xxs_k
+#define Q2_K_K q2_k_k
+#endif
+
 #define KT_CALL(fn)                                                                         \
     switch (nt) {                                                                           \
     case 1: fn(w, x, nsb, 1, out); break;                                                   \
@@ -663,9 +775,9 @@ static inline __attribute__((always_inline)) void q2_k_k(const uint8_t *w, const
 
 static void kdot(int type, const uint8_t *w, const kblock *x, int64_t nsb, int nt, float *out) {
     if (type == T_IQ2_XXS) {
-        KT_CALL(iq2_xxs_k)
+        KT_CALL(IQ2_XXS_K)
     } else {
-        KT_CALL(q2_k_k)
+        KT_CALL(Q2_K_K)
     }
 }
 #undef KT_CALL
