@@ -1,0 +1,125 @@
+"""The Metal/CUDA kernels launched for real, where this machine has the GPU backend.
+
+test_gpu_kernels.py checks every kernel body on the CPU; this file is what needs the
+hardware: the kernels compiled by MLX for the device and launched through
+mx.fast.metal_kernel / mx.fast.cuda_kernel, against the MLX reference kernels on the same
+device, op by op on the demo model, at Flash dimensions, and as a whole model. Everywhere
+else (CI included) it is skipped: bench/gpu_check.sh runs it on an NVIDIA machine.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from gguf.constants import GGMLQuantizationType as Q
+from gguf.quants import dequantize as oracle
+
+from ds4agent.engine import Engine, SamplingParams
+from ds4agent.engine.kernels import gpu
+from ds4agent.engine.kernels.reference import ReferenceKernels
+from helpers import random_blocks, rel_err
+
+if mx.metal.is_available():
+    BACKEND = "metal"
+elif hasattr(mx, "cuda") and mx.cuda.is_available():
+    BACKEND = "cuda"
+else:
+    BACKEND = None
+
+pytestmark = pytest.mark.skipif(BACKEND is None, reason="no Metal or CUDA backend in this MLX build")
+
+
+@pytest.fixture(scope="module")
+def engines(demo_path):
+    """The demo model twice on the GPU backend: our kernels and the reference. The FP8 KV
+    simulation is off: with it a one-ulp difference in summation order can move a cached
+    value across an FP8 step, after which this random model's greedy text diverges, which
+    says nothing about the kernels (the same reasoning as test_kernels.py's model test)."""
+    with Engine.open(demo_path, backend=BACKEND, kernels=BACKEND, qat_sim=False) as ours, \
+            Engine.open(demo_path, backend=BACKEND, kernels="reference", qat_sim=False) as ref:
+        assert ours.info.kernels == BACKEND and ref.info.kernels == "reference"
+        yield ours, ref
+
+
+def _np(a: mx.array) -> np.ndarray:
+    return np.array(a.astype(mx.float32))
+
+
+@pytest.mark.parametrize("T", [1, 3])
+def test_matvec_launch_matches_reference(engines, T: int) -> None:
+    ours, ref = (e._model.k for e in engines)
+    rng = np.random.default_rng(T)
+    for name in ("output.weight", "blk.0.attn_q_b.weight", "blk.1.attn_output_a.weight",
+                 "blk.0.ffn_gate_shexp.weight"):
+        n = engines[0]._file.tensors[name].shape[-1]
+        x = mx.array(rng.normal(size=(T, n)).astype(np.float32))
+        assert rel_err(_np(ours.linear(x, name)), _np(ref.linear(x, name))) <= 1e-5, name
+    x = mx.array(rng.normal(size=(T, engines[0]._file.tensors["output.weight"].shape[-1])).astype(np.float32))
+    assert rel_err(_np(ours.linear(x, "output.weight", (7, 300))), _np(ref.linear(x, "output.weight", (7, 300)))) <= 1e-5
+
+
+@pytest.mark.parametrize("T", [1, 4])
+@pytest.mark.parametrize("layer", [0, 3])
+def test_experts_launch_matches_reference(engines, layer: int, T: int) -> None:
+    ours, ref = (e._model.k for e in engines)
+    t = engines[0]._file.tensors[f"blk.{layer}.ffn_gate_exps.weight"]
+    E, n_exp = t.shape[2], t.shape[0]
+    rng = np.random.default_rng(layer + T)
+    x = mx.array((rng.normal(size=(T, E)) * 2).astype(np.float32))
+    sel = np.stack([rng.choice(n_exp, size=6, replace=False) for _ in range(T)]).astype(np.int32)
+    route = mx.array(rng.uniform(0.2, 1.0, size=(T, 6)).astype(np.float32))
+    a, b = ours.experts(layer, x, sel, route, 0.8), ref.experts(layer, x, sel, route, 0.8)
+    assert rel_err(_np(a), _np(b)) <= 1e-5
+
+
+def test_decode_attention_launch_matches_reference(engines) -> None:
+    ours, ref = (e._model.k for e in engines)
+    rng = np.random.default_rng(0)
+    H, N, D = 8, 300, 512
+    q = mx.array(rng.normal(size=(H, 1, D)).astype(np.float32))
+    keys = mx.array(rng.normal(size=(N, D)).astype(np.float32))
+    mask = rng.random((1, N)) < 0.3
+    sinks = mx.array(rng.normal(size=H).astype(np.float32))
+    assert rel_err(_np(ours.attend(q, keys, mask, sinks)), _np(ref.attend(q, keys, mask, sinks))) <= 1e-5
+
+
+def test_experts_launch_at_flash_dimensions(engines) -> None:
+    """Hidden 4096, expert width 2048, IQ2_XXS gate/up and Q2_K down on random blocks for 8
+    experts, through the launched kernels, against float64 on gguf's dequantisation."""
+    kern = engines[0]._model.k
+    E, F, n_exp, k = 4096, 2048, 8, 6
+    gate, up = (random_blocks(Q.IQ2_XXS, n_exp * F, E // 256, seed) for seed in (1, 2))
+    down = random_blocks(Q.Q2_K, n_exp * E, F // 256, 3)
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(1, E)).astype(np.float32)
+    sel = rng.choice(n_exp, size=(1, k), replace=False).astype(np.int32)
+    route = rng.uniform(0.1, 1.0, size=(1, k)).astype(np.float32)
+    mid = kern._run(gpu.plan_gate_up(int(Q.IQ2_XXS), 1, k, F, E),
+                    [mx.array(gate.reshape(-1)), mx.array(up.reshape(-1)), mx.array(x), mx.array(sel.reshape(-1)),
+                     mx.array(route.reshape(-1)), mx.array([7.0], dtype=mx.float32), kern._grid, kern._signs])
+    y = _np(kern._run(gpu.plan_down(int(Q.Q2_K), 1, k, F, E),
+                      [mx.array(down.reshape(-1)), mid, mx.array(sel.reshape(-1)), kern._grid, kern._signs]))
+    want = np.zeros(E)
+    for j, e in enumerate(sel[0]):
+        g = oracle(gate.reshape(n_exp, F, -1)[e], Q.IQ2_XXS).astype(np.float64) @ x[0]
+        u = oracle(up.reshape(n_exp, F, -1)[e], Q.IQ2_XXS).astype(np.float64) @ x[0]
+        g, u = np.minimum(g, 7.0), np.clip(u, -7.0, 7.0)
+        want += oracle(down.reshape(n_exp, E, -1)[e], Q.Q2_K).astype(np.float64) @ (g / (1 + np.exp(-g)) * u * route[0, j])
+    assert rel_err(y[0], want) <= 1e-4
+
+
+def test_whole_model_on_gpu_kernels_matches_reference(engines) -> None:
+    """A 200-token prompt (past the window: compressed rows and the indexer), then 24 greedy
+    tokens: the same tokens, and logits to 1e-4 relative, on either kernel set."""
+    ids = np.random.default_rng(5).integers(1000, 120000, 200).tolist()
+    runs = []
+    for e in engines:
+        s = e.session()
+        s.sync(ids)
+        first = s.logits.copy()
+        toks = [st.token for st in s.generate(SamplingParams(temperature=0), max_tokens=24, stop_at_eos=False)]
+        runs.append((first, toks, s.logits.copy()))
+    (a0, ta, a1), (b0, tb, b1) = runs
+    assert ta == tb
+    assert rel_err(a0, b0) <= 1e-4 and rel_err(a1, b1) <= 1e-4
