@@ -32,6 +32,29 @@ def random_blocks(qtype: Q, rows: int, blocks: int, seed: int, finite: bool = Tr
     return raw
 
 
+def flash_experts_case() -> dict:
+    """The routed-expert FFN at Flash dimensions (hidden 4096, expert width 2048, 6 of 8
+    experts, IQ2_XXS gate/up and Q2_K down) on random blocks for one token, and its float64
+    value on gguf's dequantisation (clamp 7, SwiGLU, routing weights, sum over the slots)."""
+    from gguf.quants import dequantize
+
+    E, F, n_exp, k = 4096, 2048, 8, 6
+    gate, up = (random_blocks(Q.IQ2_XXS, n_exp * F, E // 256, seed) for seed in (1, 2))
+    down = random_blocks(Q.Q2_K, n_exp * E, F // 256, 3)
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(1, E)).astype(np.float32)
+    sel = rng.choice(n_exp, size=(1, k), replace=False).astype(np.int32)
+    route = rng.uniform(0.1, 1.0, size=(1, k)).astype(np.float32)
+    want = np.zeros(E)
+    for j, e in enumerate(sel[0]):
+        g = dequantize(gate.reshape(n_exp, F, -1)[e], Q.IQ2_XXS).astype(np.float64) @ x[0]
+        u = dequantize(up.reshape(n_exp, F, -1)[e], Q.IQ2_XXS).astype(np.float64) @ x[0]
+        g, u = np.minimum(g, 7.0), np.clip(u, -7.0, 7.0)
+        want += dequantize(down.reshape(n_exp, E, -1)[e], Q.Q2_K).astype(np.float64) @ (g / (1 + np.exp(-g)) * u * route[0, j])
+    return {"E": E, "F": F, "k": k, "clamp": 7.0, "gate": gate, "up": up, "down": down, "x": x, "sel": sel,
+            "route": route, "want": want}
+
+
 def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
     """Equal float32 arrays, bit for bit (NaN payloads included)."""
     return a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32))

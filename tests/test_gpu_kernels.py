@@ -23,7 +23,7 @@ from ds4agent.engine.kernels import gpu
 from ds4agent.engine.kernels.reference import ReferenceKernels, attend_mx
 from ds4agent.engine.quants import iq2xxs_tables
 from gpu_harness import c_source, run
-from helpers import elements, random_blocks, rel_err as _rel
+from helpers import elements, flash_experts_case, random_blocks, rel_err as _rel
 
 GRID, SIGNS = (t.reshape(-1) for t in iq2xxs_tables())
 
@@ -177,25 +177,12 @@ def test_cuda_sources_compile_with_nvcc(tmp_path) -> None:
 
 
 def test_fused_experts_at_flash_dimensions() -> None:
-    """The expert kernels at the real shape (hidden 4096, expert width 2048, 6 of them, IQ2_XXS
-    gate/up and Q2_K down), on random blocks for 8 experts, against float64 on gguf's
-    dequantisation."""
-    E, F, n_exp, k = 4096, 2048, 8, 6
-    gate, up = (random_blocks(Q.IQ2_XXS, n_exp * F, E // 256, seed) for seed in (1, 2))
-    down = random_blocks(Q.Q2_K, n_exp * E, F // 256, 3)
-    rng = np.random.default_rng(4)
-    x = rng.normal(size=(1, E)).astype(np.float32)
-    sel = rng.choice(n_exp, size=(1, k), replace=False).astype(np.int32)
-    route = rng.uniform(0.1, 1.0, size=(1, k)).astype(np.float32)
-    clamp = np.array([7.0], np.float32)
+    """The expert kernels at the real shape, on random blocks for 8 experts, against float64
+    on gguf's dequantisation."""
+    c = flash_experts_case()
+    E, F, k = c["E"], c["F"], c["k"]
     mid = run(gpu.plan_gate_up(int(Q.IQ2_XXS), 1, k, F, E),
-              [gate.reshape(-1), up.reshape(-1), x, sel.reshape(-1), route.reshape(-1), clamp, GRID, SIGNS])
-    y = run(gpu.plan_down(int(Q.Q2_K), 1, k, F, E), [down.reshape(-1), mid, sel.reshape(-1), GRID, SIGNS])
-    ref = np.zeros(E)
-    for j, e in enumerate(sel[0]):
-        g = oracle(gate.reshape(n_exp, F, -1)[e], Q.IQ2_XXS).astype(np.float64) @ x[0]
-        u = oracle(up.reshape(n_exp, F, -1)[e], Q.IQ2_XXS).astype(np.float64) @ x[0]
-        g, u = np.minimum(g, 7.0), np.clip(u, -7.0, 7.0)
-        h = g / (1 + np.exp(-g)) * u * route[0, j]
-        ref += oracle(down.reshape(n_exp, E, -1)[e], Q.Q2_K).astype(np.float64) @ h
-    assert _rel(y[0], ref) <= 1e-4
+              [c["gate"].reshape(-1), c["up"].reshape(-1), c["x"], c["sel"].reshape(-1), c["route"].reshape(-1),
+               np.array([c["clamp"]], np.float32), GRID, SIGNS])
+    y = run(gpu.plan_down(int(Q.Q2_K), 1, k, F, E), [c["down"].reshape(-1), mid, c["sel"].reshape(-1), GRID, SIGNS])
+    assert _rel(y[0], c["want"]) <= 1e-4

@@ -13,12 +13,10 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from gguf.constants import GGMLQuantizationType as Q
-from gguf.quants import dequantize as oracle
 
 from ds4agent.engine import Engine, SamplingParams
 from ds4agent.engine.kernels import gpu
-from ds4agent.engine.kernels.reference import ReferenceKernels
-from helpers import random_blocks, rel_err
+from helpers import flash_experts_case, rel_err
 
 if mx.metal.is_available():
     BACKEND = "metal"
@@ -88,25 +86,15 @@ def test_experts_launch_at_flash_dimensions(engines) -> None:
     """Hidden 4096, expert width 2048, IQ2_XXS gate/up and Q2_K down on random blocks for 8
     experts, through the launched kernels, against float64 on gguf's dequantisation."""
     kern = engines[0]._model.k
-    E, F, n_exp, k = 4096, 2048, 8, 6
-    gate, up = (random_blocks(Q.IQ2_XXS, n_exp * F, E // 256, seed) for seed in (1, 2))
-    down = random_blocks(Q.Q2_K, n_exp * E, F // 256, 3)
-    rng = np.random.default_rng(4)
-    x = rng.normal(size=(1, E)).astype(np.float32)
-    sel = rng.choice(n_exp, size=(1, k), replace=False).astype(np.int32)
-    route = rng.uniform(0.1, 1.0, size=(1, k)).astype(np.float32)
+    c = flash_experts_case()
+    E, F, k = c["E"], c["F"], c["k"]
+    sel = mx.array(c["sel"].reshape(-1))
     mid = kern._run(gpu.plan_gate_up(int(Q.IQ2_XXS), 1, k, F, E),
-                    [mx.array(gate.reshape(-1)), mx.array(up.reshape(-1)), mx.array(x), mx.array(sel.reshape(-1)),
-                     mx.array(route.reshape(-1)), mx.array([7.0], dtype=mx.float32), kern._grid, kern._signs])
+                    [mx.array(c["gate"].reshape(-1)), mx.array(c["up"].reshape(-1)), mx.array(c["x"]), sel,
+                     mx.array(c["route"].reshape(-1)), mx.array([c["clamp"]], dtype=mx.float32), kern._grid, kern._signs])
     y = _np(kern._run(gpu.plan_down(int(Q.Q2_K), 1, k, F, E),
-                      [mx.array(down.reshape(-1)), mid, mx.array(sel.reshape(-1)), kern._grid, kern._signs]))
-    want = np.zeros(E)
-    for j, e in enumerate(sel[0]):
-        g = oracle(gate.reshape(n_exp, F, -1)[e], Q.IQ2_XXS).astype(np.float64) @ x[0]
-        u = oracle(up.reshape(n_exp, F, -1)[e], Q.IQ2_XXS).astype(np.float64) @ x[0]
-        g, u = np.minimum(g, 7.0), np.clip(u, -7.0, 7.0)
-        want += oracle(down.reshape(n_exp, E, -1)[e], Q.Q2_K).astype(np.float64) @ (g / (1 + np.exp(-g)) * u * route[0, j])
-    assert rel_err(y[0], want) <= 1e-4
+                      [mx.array(c["down"].reshape(-1)), mid, sel, kern._grid, kern._signs]))
+    assert rel_err(y[0], c["want"]) <= 1e-4
 
 
 def test_whole_model_on_gpu_kernels_matches_reference(engines) -> None:
