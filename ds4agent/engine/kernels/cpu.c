@@ -1330,9 +1330,9 @@ int ds4_set_vnni512(int on) { (void)on; return 0; }
  * hardware prefetchers stop at every 4 KB page, and where page walks are dear (a virtual
  * machine) one core streamed 1.7 GB/s of expert rows at one token, 5 GB/s with this (the
  * kernel's own speed); 2 to 8 rows ahead measured the same. The one-token Q8_0 product asks
- * for the next four rows the same way: on an Intel Xeon VM it measured no gain, on 2 cores of
- * an AMD EPYC (Zen 5) VM the Flash output head went from 22 to 16 ms (25 -> 35 GB/s; a plain
- * read of the same mapping runs at 45). */
+ * for its next four rows the same way: on 2 cores of an AMD EPYC (Zen 5) VM the Flash output
+ * head went from 22 to 16 ms (25 -> 35 GB/s; a plain read of the same mapping runs at 45),
+ * where on an Intel Xeon VM an earlier row-ahead prefetch had measured no gain. */
 #define PF_ROWS 4
 
 /* Y[t, r] = sum_k xhat[t, k] W[r, k] with the activations already quantised (Xq: T rows of
