@@ -56,6 +56,7 @@ model=/tmp/ds4-home/demo.gguf
 python3 -m ds4agent demo --out "$model" >/dev/null || exit 1
 for k in cuda reference; do
     python3 -m ds4agent bench -m "$model" --backend cuda --kernels "$k" --ctx-start 256 --ctx-max 1024 \
-        --step-incr 256 --gen-tokens 64 --csv "$out/bench-$k.csv" 2>&1 | tail -3 || rc=1
+        --step-incr 256 --gen-tokens 64 --csv "$out/bench-$k.csv" 2>&1 | tail -3
+    [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 done
 exit "$rc"

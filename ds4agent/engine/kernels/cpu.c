@@ -606,6 +606,19 @@ static inline __attribute__((always_inline)) void iq2_xxs_k(const uint8_t *w, co
     for (int t = 0; t < nt; t++) out[t] = hsum8(acc[t]);
 }
 
+/* A Q2_K superblock's 16 scale bytes sc as a table of 16 dwords in four pieces: dword k holds
+ * the bytes 0, s_k, 2 s_k, 3 s_k (s_k the low nibble of scale byte k), for pshufb to index
+ * with the 2-bit quants. */
+static inline void q2_k_table(__m128i sc, __m128i pieces[4]) {
+    const __m128i s1 = _mm_and_si128(sc, _mm_set1_epi8(0xF)), s2 = _mm_add_epi8(s1, s1), s3 = _mm_add_epi8(s2, s1);
+    const __m128i z01 = _mm_unpacklo_epi8(_mm_setzero_si128(), s1), z23 = _mm_unpacklo_epi8(s2, s3);
+    const __m128i h01 = _mm_unpackhi_epi8(_mm_setzero_si128(), s1), h23 = _mm_unpackhi_epi8(s2, s3);
+    pieces[0] = _mm_unpacklo_epi16(z01, z23);
+    pieces[1] = _mm_unpackhi_epi16(z01, z23);
+    pieces[2] = _mm_unpacklo_epi16(h01, h23);
+    pieces[3] = _mm_unpackhi_epi16(h01, h23);
+}
+
 /* Q2_K: w = d * sc * q - dmin * m per 16 weights (q 0..3, sc and m 0..15). sc * q is at most
  * 45, so it is formed as a byte by table lookup (AVX2 has no byte multiply: each scale's
  * products 0, s, 2s, 3s sit in four bytes that pshufb indexes with q) and every token then
@@ -618,14 +631,10 @@ static inline __attribute__((always_inline)) void q2_k_k(const uint8_t *w, const
     const __m256i three = _mm256_set1_epi8(3);
     for (int64_t b = 0; b < nsb; b++, w += 84) {
         const __m128i sc = _mm_loadu_si128((const __m128i *)w);
-        const __m128i s1 = _mm_and_si128(sc, _mm_set1_epi8(0xF)), s2 = _mm_add_epi8(s1, s1), s3 = _mm_add_epi8(s2, s1);
-        const __m128i z01 = _mm_unpacklo_epi8(_mm_setzero_si128(), s1), z23 = _mm_unpacklo_epi8(s2, s3);
-        const __m128i h01 = _mm_unpackhi_epi8(_mm_setzero_si128(), s1), h23 = _mm_unpackhi_epi8(s2, s3);
+        __m128i pieces[4];
+        q2_k_table(sc, pieces);
         uint32_t tab[16];  /* tab[k] = bytes 0, s_k, 2 s_k, 3 s_k */
-        _mm_storeu_si128((__m128i *)tab, _mm_unpacklo_epi16(z01, z23));
-        _mm_storeu_si128((__m128i *)(tab + 4), _mm_unpackhi_epi16(z01, z23));
-        _mm_storeu_si128((__m128i *)(tab + 8), _mm_unpacklo_epi16(h01, h23));
-        _mm_storeu_si128((__m128i *)(tab + 12), _mm_unpackhi_epi16(h01, h23));
+        for (int i = 0; i < 4; i++) _mm_storeu_si128((__m128i *)(tab + 4 * i), pieces[i]);
         const __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc, 4), _mm_set1_epi8(0xF)));
         __m256i sum[KT_MAX];
         for (int t = 0; t < nt; t++) sum[t] = _mm256_setzero_si256();
@@ -652,7 +661,6 @@ static inline __attribute__((always_inline)) void q2_k_k(const uint8_t *w, const
     for (int t = 0; t < nt; t++) out[t] = hsum8(acc[t]);
 }
 
-/* One switch per kernel so that nt is a constant inside each instance. */
 /* The same two products on AVX-512 (VNNI, VBMI): two 32-weight groups per 512-bit register,
  * so one token takes one load, one masked negation, one byte dot and one word dot
  * (VPDPWSSD: the scale ls and the add in one) per 64 weights. Decoding two IQ2_XXS groups
@@ -722,14 +730,12 @@ static inline __attribute__((always_inline)) void q2_k_k512(const uint8_t *w, co
     const __m512i lane_scale = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     for (int64_t b = 0; b < nsb; b++, w += 84) {
         const __m128i sc = _mm_loadu_si128((const __m128i *)w);
-        const __m128i s1 = _mm_and_si128(sc, _mm_set1_epi8(0xF)), s2 = _mm_add_epi8(s1, s1), s3 = _mm_add_epi8(s2, s1);
-        const __m128i z01 = _mm_unpacklo_epi8(_mm_setzero_si128(), s1), z23 = _mm_unpacklo_epi8(s2, s3);
-        const __m128i h01 = _mm_unpackhi_epi8(_mm_setzero_si128(), s1), h23 = _mm_unpackhi_epi8(s2, s3);
-        /* dword k = bytes 0, s_k, 2 s_k, 3 s_k, as in q2_k_k */
-        __m512i tab = _mm512_castsi128_si512(_mm_unpacklo_epi16(z01, z23));
-        tab = _mm512_inserti32x4(tab, _mm_unpackhi_epi16(z01, z23), 1);
-        tab = _mm512_inserti32x4(tab, _mm_unpacklo_epi16(h01, h23), 2);
-        tab = _mm512_inserti32x4(tab, _mm_unpackhi_epi16(h01, h23), 3);
+        __m128i pieces[4];
+        q2_k_table(sc, pieces);
+        __m512i tab = _mm512_castsi128_si512(pieces[0]);  /* dword k = bytes 0, s_k, 2 s_k, 3 s_k */
+        tab = _mm512_inserti32x4(tab, pieces[1], 1);  /* (the lane is an immediate) */
+        tab = _mm512_inserti32x4(tab, pieces[2], 2);
+        tab = _mm512_inserti32x4(tab, pieces[3], 3);
         const __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc, 4), _mm_set1_epi8(0xF)));
         __m512i sum[KT_MAX];
         for (int t = 0; t < nt; t++) sum[t] = _mm512_setzero_si512();
@@ -761,6 +767,7 @@ static inline __attribute__((always_inline)) void q2_k_k512(const uint8_t *w, co
 #define Q2_K_K q2_k_k
 #endif
 
+/* One switch per kernel so that nt is a constant inside each instance. */
 #define KT_CALL(fn)                                                                         \
     switch (nt) {                                                                           \
     case 1: fn(w, x, nsb, 1, out); break;                                                   \
