@@ -34,7 +34,7 @@ class Screen:
         self.buf = ""
 
     def write(self, s: str) -> None:
-        self.buf += s
+        self.buf += re.sub(r"\x1b\[\?7[hl]", "", s)  # autowrap off/on around the live region
         while True:
             m = re.search(r"\x1b\[(\d+)F\x1b\[J", self.buf)
             nl = self.buf.find("\n")

@@ -6,6 +6,16 @@ a code fence): finished blocks are rendered once and printed for good; only the 
 being written is redrawn, in a small live region at the bottom (at most ``live_lines`` lines,
 at most ``fps`` times a second). Lines that scroll out of the live region are printed as
 final. The work per token is bounded by the current block, not by the answer's length.
+
+Redrawing moves the cursor up as many rows as the live region has lines, so each line must take
+exactly one row. rich wraps by its own cell widths and pads lines to the full width, but the
+terminal counts cells by its own table: for Thai, Devanagari and emoji terminals disagree with
+rich and with each other (per code point or per grapheme, marks as 0 or 1 cell, eager or
+deferred wrap at the last column), and no width we could compute here would match them all.
+A line the terminal finds one cell too wide wraps onto a second row, the cursor then stops a
+row short, and that row stays in the scrollback, once more on every redraw. So the live
+region is drawn with the terminal's autowrap off (DECAWM): a line takes one row whatever its
+width, at worst its end is hidden until it is printed for good, with autowrap back on.
 """
 
 from __future__ import annotations
@@ -18,13 +28,17 @@ from rich.console import Console
 from rich.markdown import Markdown
 
 _FENCES = ("```", "~~~")
+_NO_WRAP, _WRAP = "\x1b[?7l", "\x1b[?7h"  # DECAWM reset / set
 
 
 def render_markdown(text: str, width: int) -> list[str]:
     buf = io.StringIO()
     console = Console(file=buf, force_terminal=True, color_system="256", width=width, legacy_windows=False)
     console.print(Markdown(text, code_theme="monokai"), end="")
-    lines = buf.getvalue().split("\n")
+    # Unstyled trailing spaces are rich's padding: invisible, but they make most lines exactly
+    # as wide as the terminal, one cell of disagreement from wrapping. Styled ones (code
+    # backgrounds) stay.
+    lines = [line.rstrip(" ") for line in buf.getvalue().split("\n")]
     while lines and not lines[-1].strip():
         lines.pop()
     return lines
@@ -68,10 +82,15 @@ class MarkdownStream:
             self.tail_printed = 0
             self.done += block
 
+    def _clear_code(self) -> str:
+        """Up to the live region's first line (one row a line: see the module doc), clear."""
+        code = f"\x1b[{self.live_height}F\x1b[J" if self.live_height else ""
+        self.live_height = 0
+        return code
+
     def _clear_live(self) -> None:
-        if self.live_height:
-            self.write(f"\x1b[{self.live_height}F\x1b[J")  # up to the live region's first line, clear
-            self.live_height = 0
+        if code := self._clear_code():
+            self.write(code)
 
     def _draw_live(self, force: bool = False) -> None:
         now = time.monotonic()
@@ -79,17 +98,21 @@ class MarkdownStream:
             return
         self.last_draw = now
         lines = render_markdown(self.tail, self.width) if self.tail.strip() else []
-        self._clear_live()
-        # Lines that no longer fit the live region are final: print them once.
+        out = [self._clear_code()]
+        # Lines that no longer fit the live region are final: print them once, wrapping as the
+        # terminal likes (the cursor never moves back over them).
         keep = lines[self.tail_printed :]
         if len(keep) > self.live_lines:
-            for line in keep[: len(keep) - self.live_lines]:
-                self.write(line + "\n")
+            out += [line + "\n" for line in keep[: len(keep) - self.live_lines]]
             self.tail_printed += len(keep) - self.live_lines
             keep = keep[len(keep) - self.live_lines :]
-        for line in keep:
-            self.write(line + "\n")
+        if keep:
+            # One write with autowrap switched back on at its end, so that an interrupt cannot
+            # leave the user's terminal without it; one write also flushes once, not per line.
+            out.append(_NO_WRAP + "".join(line + "\n" for line in keep) + _WRAP)
         self.live_height = len(keep)
+        if text := "".join(out):
+            self.write(text)
 
     def feed(self, text: str) -> None:
         self.tail += text
