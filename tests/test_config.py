@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import struct
 from dataclasses import replace
 from pathlib import Path
@@ -184,3 +185,96 @@ def test_demo_embedding_length_patched_is_inconsistent(demo_path: Path, tmp_path
     with GGUFFile(p) as f:
         problems = check_tensors(f, config_from_gguf(f))
     assert "tensor token_embd.weight has dims [256, 129280], expected [512, 129280]" in problems
+
+
+# -- every number the model computes with is range-checked, by the check inspect and open share --
+
+NAN, INF = float("nan"), float("inf")
+# Float keys: the model takes logs of, divides by, or clamps with each of these.
+FLOAT_KEYS = [
+    "attention.compress_rope_freq_base", "rope.freq_base", "rope.scaling.factor",
+    "rope.scaling.yarn_beta_fast", "rope.scaling.yarn_beta_slow", "attention.layer_norm_rms_epsilon",
+    "hyper_connection.epsilon", "expert_weights_scale",
+]
+# Integer keys: counts and sizes the model divides or indexes by, or loops over.
+INT_KEYS = [
+    "block_count", "embedding_length", "vocab_size", "attention.head_count", "attention.head_count_kv",
+    "attention.key_length", "attention.value_length", "rope.dimension_count", "attention.q_lora_rank",
+    "attention.output_lora_rank", "attention.output_group_count", "attention.sliding_window",
+    "attention.indexer.head_count", "attention.indexer.key_length", "attention.indexer.top_k",
+    "rope.scaling.original_context_length", "expert_count", "expert_used_count",
+    "expert_feed_forward_length", "expert_shared_count", "hyper_connection.count",
+    "hyper_connection.sinkhorn_iterations",
+]
+BAD_CASES = (
+    [(k, (V.FLOAT32, v), v) for k in FLOAT_KEYS for v in (0.0, -1.0, NAN, INF)]
+    + [(k, (V.FLOAT32, 1.0), 1.0) for k in ("attention.compress_rope_freq_base", "rope.freq_base")]  # log(1) = 0
+    + [(k, (V.UINT32, 0), 0) for k in INT_KEYS]
+    + [(k, (V.INT32, -1), -1) for k in INT_KEYS + ["hash_layer_count", "expert_group_count", "expert_group_used_count"]]
+    + [("hyper_connection.sinkhorn_iterations", (V.UINT32, 4_000_000_000), 4_000_000_000),  # a loop count
+       ("block_count", (V.UINT32, 4_000_000_000), 4_000_000_000)]
+    + [("swiglu_clamp_exp", (V.ARRAY, (V.FLOAT32, [10.0] * 3 + [v] + [10.0] * 2)), v) for v in (0.0, -1.0, NAN, INF)]
+)
+
+
+def _found(value) -> str:
+    return f"found {value!r}" if isinstance(value, float) else f"found {value}"
+
+
+@pytest.mark.parametrize("suffix,stored,value", BAD_CASES,
+                         ids=[f"{k}={v}" for k, _, v in BAD_CASES])
+def test_out_of_range_values_are_refused(tmp_path: Path, capsys, suffix: str, stored, value) -> None:
+    """A zero, negative, NaN or infinite value used to pass `ds4 inspect` ("layout consistent")
+    and then kill Engine.open with ZeroDivisionError / ValueError (or produce NaN logits)."""
+    from ds4agent.cli import main
+    from ds4agent.engine import Engine
+    from small_model import write_small
+
+    key = f"deepseek4.{suffix}"
+    p = write_small(tmp_path / "bad.gguf", meta_edit=lambda m: m.__setitem__(key, stored))
+
+    assert main(["inspect", str(p)]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("ds4: error: ") and err.count("\n") == 1, (out, err)
+    assert key in err and "must be" in err and _found(value) in err, err
+
+    with pytest.raises(ConfigError) as e:
+        Engine.open(p, backend="cpu", ctx=64)
+    msg = str(e.value)
+    assert "\n" not in msg and str(p) in msg and key in msg and _found(value) in msg, msg
+    # The message states the accepted range.
+    assert re.search(r"must be (an integer in \d+\.\.\d+|a finite number in [(\[][-\d.e+]+, [-\d.e+]+[)\]])", msg), msg
+
+
+def test_valid_edge_values_are_accepted(tmp_path: Path) -> None:
+    """Zero is legal where the model does not divide by it: no hash layers, no expert groups."""
+    from ds4agent.engine import Engine
+    from small_model import small_config, write_small
+
+    def edit(m):
+        m["deepseek4.expert_group_count"] = (V.UINT32, 0)
+        m["deepseek4.expert_group_used_count"] = (V.UINT32, 0)
+
+    cfg = replace(small_config(), n_hash_layer=0, rope_scaling_factor=1.0)
+    p = write_small(tmp_path / "ok.gguf", meta_edit=edit, cfg=cfg)
+    with Engine.open(p, backend="cpu", ctx=64) as e:
+        assert e.info.config.n_hash_layer == 0 and e.info.config.rope_scaling_factor == 1.0
+
+
+def test_informational_context_length_of_any_type(tmp_path: Path) -> None:
+    """deepseek4.context_length is a summary nobody computes with: a string there is ignored,
+    not a crash (int('x') used to raise ValueError)."""
+    from small_model import write_small
+
+    p = write_small(tmp_path / "ctx.gguf", meta_edit=lambda m: m.__setitem__("deepseek4.context_length", (V.STRING, "x")))
+    with GGUFFile(p) as f:
+        assert config_from_gguf(f).context_length is None
+
+
+def test_flash_nan_value_is_refused(flash_header_path: Path, tmp_path: Path) -> None:
+    """NaN passes any '>' comparison with the published value, so the Flash diff alone would
+    miss it; the range check, which runs first for every file, refuses it."""
+    p = copy_model(flash_header_path, tmp_path / "nan.gguf")
+    patch_metadata(p, "deepseek4.expert_weights_scale", struct.pack("<f", 1.5), struct.pack("<f", NAN))
+    with GGUFFile(p) as f, pytest.raises(ConfigError, match="expert_weights_scale must be .* found nan"):
+        config_from_gguf(f)

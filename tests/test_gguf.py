@@ -206,3 +206,122 @@ def test_fuzz_reader_never_crashes(tmp_path: Path, data: st.DataObject) -> None:
         GGUFFile(p).close()
     except GGUFError as e:
         assert "\n" not in str(e)
+
+
+# -- damaged lengths, counts and nesting: one GGUFError that says what is wrong ------------------
+
+def _raw_gguf(path: Path, entries: list[bytes], n_tensors: int = 0, tail: bytes = b"") -> Path:
+    """A hand-made header (the writer cannot express some of these): ``entries`` are packed
+    metadata entries, ``tail`` follows them (tensor directory, data)."""
+    path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, n_tensors, len(entries)) + b"".join(entries) + tail)
+    return path
+
+
+def _entry(key: str, vtype: int, payload: bytes) -> bytes:
+    k = key.encode()
+    return struct.pack("<Q", len(k)) + k + struct.pack("<I", vtype) + payload
+
+
+def _nested(levels: int) -> bytes:
+    """An ARRAY value holding arrays ``levels`` deep, the innermost an empty u8 array."""
+    return struct.pack("<IQ", V.ARRAY, 1) * (levels - 1) + struct.pack("<IQ", V.UINT8, 0)
+
+
+def test_nested_arrays_within_the_limit_read(tmp_path: Path) -> None:
+    from ds4agent.engine.gguf import MAX_ARRAY_DEPTH
+
+    p = _raw_gguf(tmp_path / "n.gguf", [_entry("two", V.ARRAY, struct.pack("<IQ", V.ARRAY, 2)
+                                                + struct.pack("<IQ", V.UINT32, 1) + struct.pack("<I", 7)
+                                                + struct.pack("<IQ", V.UINT32, 0)),
+                                         _entry("deep", V.ARRAY, _nested(MAX_ARRAY_DEPTH))])
+    with GGUFFile(p) as f:
+        assert f.metadata["two"] == [[7], []]
+        value = f.metadata["deep"]
+        for _ in range(MAX_ARRAY_DEPTH - 1):
+            (value,) = value
+        assert value == []
+
+
+@pytest.mark.parametrize("levels", ["limit+1", 600, 100_000])
+def test_deeply_nested_arrays_are_refused(tmp_path: Path, levels) -> None:
+    """Arrays nested hundreds deep used to exhaust Python's recursion (RecursionError)."""
+    from ds4agent.engine.gguf import MAX_ARRAY_DEPTH
+
+    n = MAX_ARRAY_DEPTH + 1 if levels == "limit+1" else levels
+    p = _raw_gguf(tmp_path / "deep.gguf", [_entry("general.deep", V.ARRAY, _nested(n))])
+    _expect(p, f"general.deep nests arrays more than {MAX_ARRAY_DEPTH} levels deep")
+
+
+def _patch_u64(path: Path, at: int, value: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[at : at + 8] = struct.pack("<Q", value)
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("where", ["key", "value", "tensor name", "vocabulary entry"])
+@pytest.mark.parametrize("length", [2**62, 2**64 - 1, 1 << 40])
+def test_huge_string_length_is_called_implausible(tmp_path: Path, where: str, length: int) -> None:
+    """A damaged string length used to read as 'truncated GGUF header', which sends people to
+    re-download a file whose header is simply corrupt."""
+    p = tmp_path / "s.gguf"
+    write_gguf(p, {"general.architecture": (V.STRING, "deepseek4"),
+                   "tokenizer.ggml.tokens": (V.ARRAY, (V.STRING, ["a", "bc", "def"]))},
+               [("w", Q.Q8_0, (64, 2), np.zeros(2 * 2 * 34, dtype=np.uint8))])
+    data = p.read_bytes()
+    at = {
+        "key": 24,  # the first key's u64 length, right after the 24-byte file header
+        "value": data.find(struct.pack("<Q", 9) + b"deepseek4"),
+        "tensor name": data.find(struct.pack("<Q", 1) + b"w"),
+        "vocabulary entry": data.find(struct.pack("<Q", 2) + b"bc"),
+    }[where]
+    assert at > 0
+    _patch_u64(p, at, length)
+    with pytest.raises(GGUFError) as e:
+        GGUFFile(p)
+    msg = str(e.value)
+    assert f"implausible string length {length}" in msg and f"at byte {at}" in msg, msg
+    assert f"{len(data)} bytes" in msg and "truncated" not in msg and "\n" not in msg, msg
+    if where == "vocabulary entry":
+        assert "tokenizer.ggml.tokens entry 1" in msg, msg
+
+
+def test_string_running_past_a_cut_is_still_truncation(tmp_path: Path) -> None:
+    """A plausible length that runs past the end is what a cut-off download looks like."""
+    p = _small(tmp_path)
+    data = p.read_bytes()
+    at = data.find(struct.pack("<Q", 9) + b"deepseek4")
+    p.write_bytes(data[: at + 12])
+    _expect(p, "truncated GGUF header")
+
+
+@pytest.mark.parametrize("sub", [V.UINT8, V.FLOAT64, V.STRING, V.ARRAY])
+def test_huge_array_count_is_refused_before_allocation(tmp_path: Path, sub: int) -> None:
+    p = _raw_gguf(tmp_path / "c.gguf", [_entry("general.big", V.ARRAY, struct.pack("<IQ", sub, 2**61))])
+    _expect(p, f"implausible item count {2**61} for general.big")
+
+
+def test_invalid_utf8_names_the_vocabulary_entry(tmp_path: Path) -> None:
+    p = tmp_path / "u.gguf"
+    write_gguf(p, {"tokenizer.ggml.tokens": (V.ARRAY, (V.STRING, ["a", "bc", "déf"]))}, [])
+    data = bytearray(p.read_bytes())
+    i = data.find("é".encode())
+    data[i] = 0xFF
+    p.write_bytes(bytes(data))
+    _expect(p, "invalid UTF-8 in tokenizer.ggml.tokens entry 2")
+
+
+@pytest.mark.parametrize("name", ["bad\nkey", "x" * 5000, "tab\there\x1b[31m"])
+def test_damaged_names_stay_on_one_short_line(tmp_path: Path, name: str) -> None:
+    """A damaged length can swallow neighbouring bytes into a key or tensor name (a u32 type of
+    10 is a newline); messages quoting such a name must still be one readable line."""
+    p = _raw_gguf(tmp_path / "k.gguf", [_entry(name, 99, b"")])
+    with pytest.raises(GGUFError) as e:
+        GGUFFile(p)
+    msg = str(e.value)
+    assert "unknown metadata value type 99" in msg and "\n" not in msg and msg.isprintable() and len(msg) < 400, msg
+    tensor = struct.pack("<Q", len(name.encode())) + name.encode() + struct.pack("<I", 9)
+    p = _raw_gguf(tmp_path / "t.gguf", [], n_tensors=1, tail=tensor)
+    with pytest.raises(GGUFError) as e:
+        GGUFFile(p)
+    msg = str(e.value)
+    assert "has 9 dimensions" in msg and "\n" not in msg and msg.isprintable() and len(msg) < 400, msg

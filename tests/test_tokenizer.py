@@ -142,3 +142,95 @@ def test_from_gguf_errors(tmp_path) -> None:
                    "tokenizer.ggml.merges": (V.ARRAY, (V.STRING, ["a b"]))}, [])
     with pytest.raises(GGUFError, match="lacks the special token"):
         Tokenizer.from_gguf(p)
+
+
+# -- a damaged vocabulary is a damaged model file: one GGUFError, never the library's own -------
+
+def _damaged_vocab(kind: str):
+    """The small model's vocabulary with one string damaged the way a bad byte would."""
+    from small_model import small_vocab
+
+    v = small_vocab()
+    tokens, merges = list(v.tokens), list(v.merges)
+    if kind == "merge piece missing":  # tokenizers: bare Exception("Token `☃` out of vocabulary")
+        merges[1] = "l ☃"
+    elif kind == "merge result missing":  # tokenizers: a Rust panic (PanicException, a BaseException)
+        merges[1] = "l k"
+    elif kind == "token of a merge damaged":  # "he" -> "hf": merge 0 now produces a missing token
+        tokens[tokens.index("he")] = "hf"
+    return type(v)(tokens, v.token_types, merges)
+
+
+DAMAGE = {
+    "merge piece missing": "tokenizer.ggml.merges entry 1 ('l ☃'): '☃' is not in tokenizer.ggml.tokens",
+    "merge result missing": "tokenizer.ggml.merges entry 1 ('l k'): 'lk' is not in tokenizer.ggml.tokens",
+    "token of a merge damaged": "tokenizer.ggml.merges entry 0 ('h e'): 'he' is not in tokenizer.ggml.tokens",
+}
+
+
+def _one_line(e: BaseException, path, fragment: str) -> None:
+    msg = str(e)
+    assert str(path) in msg and "damaged vocabulary" in msg and fragment in msg and "\n" not in msg, msg
+
+
+@pytest.mark.parametrize("kind", list(DAMAGE))
+def test_damaged_vocabulary_is_one_clear_error(tmp_path, kind: str) -> None:
+    from ds4agent.engine import Engine, describe
+    from ds4agent.engine.gguf import GGUFError
+    from small_model import write_small
+
+    p = write_small(tmp_path / "bad.gguf", vocab=_damaged_vocab(kind))
+    for load in (Tokenizer.from_gguf, describe, lambda q: Engine.open(q, backend="cpu", ctx=64)):
+        with pytest.raises(GGUFError) as e:
+            load(p)
+        _one_line(e.value, p, DAMAGE[kind])
+
+
+@pytest.mark.parametrize("kind", ["merge result missing", "invalid UTF-8"])
+def test_damaged_vocabulary_through_the_cli(tmp_path, kind: str) -> None:
+    """One line on stderr and exit 1 for inspect, the tokenizer-only path and the engine; no
+    traceback and no Rust panic report from inside the tokenizer library."""
+    import os
+    import subprocess
+    import sys
+
+    from small_model import write_small
+
+    if kind == "invalid UTF-8":
+        p = write_small(tmp_path / "bad.gguf")
+        data = bytearray(p.read_bytes())
+        i = data.find(b"hello")  # the token "hello"; 0xFF is never valid UTF-8
+        data[i + 1] = 0xFF
+        p.write_bytes(bytes(data))
+        fragment = "invalid UTF-8 in tokenizer.ggml.tokens entry"
+    else:
+        p = write_small(tmp_path / "bad.gguf", vocab=_damaged_vocab(kind))
+        fragment = DAMAGE[kind]
+    for args in (["inspect", str(p)], ["-m", str(p), "--dump-tokens", "-p", "hi"],
+                 ["-m", str(p), "-p", "hi", "-n", "1", "--backend", "cpu"]):
+        r = subprocess.run([sys.executable, "-m", "ds4agent", *args], capture_output=True, text=True,
+                           env={**os.environ, "RUST_BACKTRACE": "0"}, timeout=120)
+        assert r.returncode == 1, (args, r.stderr)
+        assert r.stderr.startswith("ds4: error: ") and r.stderr.count("\n") == 1, (args, r.stderr)
+        assert fragment in r.stderr and "Traceback" not in r.stderr and "panicked" not in r.stderr, (args, r.stderr)
+
+
+def test_library_rejection_becomes_gguf_error() -> None:
+    """Whatever else the tokenizers library refuses (here a lone surrogate, which it cannot
+    encode) comes out as the same one-line error, not the library's exception."""
+    from ds4agent.engine.gguf import GGUFError
+    from small_model import small_vocab
+
+    v = small_vocab()
+    with pytest.raises(GGUFError, match="damaged vocabulary: the tokenizer library rejects it"):
+        Tokenizer([*v.tokens, "\ud800"], v.merges, source="mem")
+
+
+def test_vocabulary_of_the_wrong_type(tmp_path) -> None:
+    from ds4agent.engine.gguf import GGUFError, ValueType as V
+    from small_model import write_small
+
+    p = write_small(tmp_path / "ints.gguf",
+                    meta_edit=lambda m: m.__setitem__("tokenizer.ggml.merges", (V.ARRAY, (V.UINT32, [1, 2]))))
+    with pytest.raises(GGUFError, match="tokenizer.ggml.merges must be an array of strings, found an array of UINT32"):
+        Tokenizer.from_gguf(p)

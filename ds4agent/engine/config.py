@@ -8,12 +8,13 @@ silently wrong constant (a ratio, a RoPE base) produces fluent garbage rather th
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 from gguf.constants import GGMLQuantizationType as Q
 
-from .gguf import GGUFFile, ValueType, type_name
+from .gguf import MAX_ARRAY_ITEMS, GGUFFile, ValueType, type_name
 
 ARCH = "deepseek4"
 
@@ -122,6 +123,76 @@ _REQUIRED: list[tuple[str, str, str]] = [
 ]
 _OPTIONAL_INT = [("expert_group_count", "expert_group_count"), ("expert_group_used_count", "expert_group_used")]
 
+# The accepted range of every number the model computes with (published values in comments).
+# The model takes logs of, divides by, loops over or allocates by these, so a zero, negative,
+# NaN, infinite or absurd value must fail here, naming its key, rather than as a
+# ZeroDivisionError or math domain error while building RoPE tables, as NaN logits, or as a loop
+# or allocation sized by garbage. The bounds are generous sanity limits, not the Flash values
+# (validate_flash checks those); relations between keys are in _check_consistency.
+# Integers: key suffix -> (lowest, highest), inclusive.
+_INT_RANGES: dict[str, tuple[int, int]] = {
+    "block_count": (1, 1024),  # 43; every layer is a loop iteration and a set of tensors
+    "embedding_length": (1, 1 << 20),  # 4096
+    "vocab_size": (1, MAX_ARRAY_ITEMS),  # 129280; the vocabulary is one metadata array
+    "attention.head_count": (1, 4096),  # 64
+    "attention.head_count_kv": (1, 4096),  # 1
+    "attention.key_length": (1, 1 << 16),  # 512
+    "attention.value_length": (1, 1 << 16),  # 512
+    "rope.dimension_count": (1, 1 << 16),  # 64; the RoPE exponents divide by it
+    "attention.q_lora_rank": (1, 1 << 20),  # 1024
+    "attention.output_lora_rank": (1, 1 << 20),  # 1024
+    "attention.output_group_count": (1, 4096),  # 8; head_count is divided by it
+    "attention.sliding_window": (1, 1 << 20),  # 128
+    "attention.indexer.head_count": (1, 4096),  # 64
+    "attention.indexer.key_length": (1, 1 << 16),  # 128
+    "attention.indexer.top_k": (1, 1 << 20),  # 512
+    "rope.scaling.original_context_length": (1, 1 << 40),  # 65536; YaRN takes its log
+    "expert_count": (1, 1 << 16),  # 256
+    "expert_used_count": (1, 1 << 16),  # 6
+    "expert_feed_forward_length": (1, 1 << 20),  # 2048
+    "expert_shared_count": (1, 64),  # 1
+    "expert_group_count": (0, 1 << 16),  # 0 / absent
+    "expert_group_used_count": (0, 1 << 16),  # 0 / absent
+    "hash_layer_count": (0, 1024),  # 3
+    "hyper_connection.count": (1, 64),  # 4
+    "hyper_connection.sinkhorn_iterations": (1, 1000),  # 20; iterations run per sublayer per token
+}
+# Floats: key suffix -> (lowest, highest, lowest excluded), always finite.
+_FLOAT_RANGES: dict[str, tuple[float, float, bool]] = {
+    "attention.compress_rope_freq_base": (1.0, 1e12, True),  # 160000; YaRN divides by log(base)
+    "rope.freq_base": (1.0, 1e12, True),  # 10000; at 1 every pair would turn at one frequency
+    "rope.scaling.factor": (1.0, 1024.0, False),  # 16; YaRN divides by it (1 = no scaling)
+    "rope.scaling.yarn_beta_fast": (0.0, 1e6, True),  # 32; YaRN takes log(ctx / (2π β))
+    "rope.scaling.yarn_beta_slow": (0.0, 1e6, True),  # 1
+    "attention.layer_norm_rms_epsilon": (0.0, 0.1, True),  # 1e-6; guards a division by the RMS
+    "hyper_connection.epsilon": (0.0, 0.1, True),  # 1e-6; guards Sinkhorn's divisions
+    "expert_weights_scale": (0.0, 1000.0, True),  # 1.5; 0 would switch the routed experts off
+}
+# Each layer's SwiGLU clamp (10.0): a positive, finite bound.
+_CLAMP_RANGE = (0.0, 1e6, True)
+
+
+def _float_range_text(lo: float, hi: float, lo_open: bool) -> str:
+    return f"a finite number in {'(' if lo_open else '['}{lo:g}, {hi:g}]"
+
+
+def _in_float_range(x: float, lo: float, hi: float, lo_open: bool) -> bool:
+    return math.isfinite(x) and (x > lo if lo_open else x >= lo) and x <= hi
+
+
+def _check_ranges(f: GGUFFile, values: dict[str, Any]) -> None:
+    """Refuse any scalar outside its sane range: one line naming key, range and value."""
+    fields = {suffix: field for suffix, field, _ in _REQUIRED} | dict(_OPTIONAL_INT)
+    for suffix, (lo, hi) in _INT_RANGES.items():
+        v = values[fields[suffix]]
+        if not lo <= v <= hi:
+            raise ConfigError(f"{f.path}: metadata key {ARCH}.{suffix} must be an integer in {lo}..{hi}, found {v}")
+    for suffix, (lo, hi, lo_open) in _FLOAT_RANGES.items():
+        v = values[fields[suffix]]
+        if not _in_float_range(v, lo, hi, lo_open):
+            raise ConfigError(f"{f.path}: metadata key {ARCH}.{suffix} must be "
+                              f"{_float_range_text(lo, hi, lo_open)}, found {v!r}")
+
 
 def _scalar(f: GGUFFile, key: str, kind: str) -> Any:
     if key not in f.metadata:
@@ -164,17 +235,25 @@ def config_from_gguf(f: GGUFFile) -> ModelConfig:
     for suffix, field in _OPTIONAL_INT:
         key = f"{ARCH}.{suffix}"
         values[field] = _scalar(f, key, "int") if key in f.metadata else 0
+    # Before the per-layer arrays: their expected length is block_count.
+    _check_ranges(f, values)
     n = values["n_layer"]
-    if n <= 0:
-        raise ConfigError(f"{f.path}: metadata key {ARCH}.block_count must be positive, found {n}")
     ratios = _per_layer(f, f"{ARCH}.attention.compress_ratios", n, _INTS)
     for i, r in enumerate(ratios):
         if r not in (0, 4, 128):
             raise ConfigError(f"{f.path}: metadata key {ARCH}.attention.compress_ratios: layer {i} has ratio {r} (0, 4 or 128 expected)")
     values["compress_ratios"] = tuple(int(r) for r in ratios)
-    values["swiglu_clamp"] = tuple(float(x) for x in _per_layer(f, f"{ARCH}.swiglu_clamp_exp", n, _FLOATS))
+    clamps = tuple(float(x) for x in _per_layer(f, f"{ARCH}.swiglu_clamp_exp", n, _FLOATS))
+    for i, x in enumerate(clamps):
+        if not _in_float_range(x, *_CLAMP_RANGE):
+            raise ConfigError(f"{f.path}: metadata key {ARCH}.swiglu_clamp_exp: layer {i} must be "
+                              f"{_float_range_text(*_CLAMP_RANGE)}, found {x!r}")
+    values["swiglu_clamp"] = clamps
+    # Informational only (nothing computes with it), so a value of another type is ignored
+    # rather than refused.
     ctx_key = f"{ARCH}.context_length"
-    values["context_length"] = int(f.metadata[ctx_key]) if ctx_key in f.metadata else None
+    ctx_ok = ctx_key in f.metadata and f.value_types[ctx_key][0] in _INTS
+    values["context_length"] = int(f.metadata[ctx_key]) if ctx_ok else None
     values["name"] = str(f.metadata.get("general.name", ""))
     cfg = ModelConfig(**values)
     _check_consistency(f, cfg)

@@ -32,6 +32,19 @@ SUPPORTED_VERSION = 3
 DEFAULT_ALIGNMENT = 32
 # GGML tensors have at most four dimensions; more means a corrupt directory.
 MAX_DIMS = 4
+# Arrays of arrays: the format allows them, but real files use at most a level or two (the
+# Flash file has none). Each level is one Python call, so a damaged header nesting thousands
+# deep would exhaust the interpreter's recursion limit; 8 is far beyond any real use and far
+# below that limit.
+MAX_ARRAY_DEPTH = 8
+# The longest metadata string we believe. Real headers hold keys, tensor names, vocabulary
+# pieces and chat templates (tens of KB); a longer length is damage, and honouring it could copy
+# gigabytes of an 81 GiB file's tensor data into one Python string.
+MAX_STRING_BYTES = 64 << 20
+# The most items one metadata array may claim. The largest real arrays are vocabularies and
+# their merges (129 280 here, ~262 000 in the largest open vocabularies); a count past this is
+# damage, refused before anything is allocated for it.
+MAX_ARRAY_ITEMS = 1 << 24
 
 
 class ValueType(IntEnum):
@@ -80,6 +93,13 @@ _NUMPY_DTYPE: dict[int, str] = {
 
 class GGUFError(ValueError):
     """A file that cannot be used as GGUF; the message is one line and names the file."""
+
+
+def shown(name: str, limit: int = 120) -> str:
+    """A key or tensor name as it may appear in a one-line message. A damaged length can swallow
+    neighbouring bytes into a name, leaving newlines, control characters or megabytes in it."""
+    short = name if len(name) <= limit else name[:limit] + "..."
+    return short if short.isprintable() else repr(short)
 
 
 def type_name(ggml_type: int) -> str:
@@ -162,9 +182,22 @@ class _Cursor:
     def u64(self, what: str) -> int:
         return self.scalar("<Q", 8, what)
 
+    def bad_length(self, n: int, at: int, what: str) -> None:
+        """Raise for string length ``n`` (its u64 at byte ``at``) that cannot be read: an
+        implausible one is damage; a plausible one running past the end is a cut-off file."""
+        if n > MAX_STRING_BYTES:
+            bound = (f"longer than the whole file ({self.end} bytes)" if n > self.end else
+                     f"beyond any GGUF metadata string (at most {MAX_STRING_BYTES} bytes here; the file has {self.end})")
+            raise GGUFError(f"{self.path}: damaged GGUF header: implausible string length {n} for {what} "
+                            f"at byte {at}, {bound}")
+        raise GGUFError(f"{self.path}: truncated GGUF header ({what} at byte {at} is a {n}-byte string, but the "
+                        f"{self.end}-byte file ends {self.end - at - 8} bytes later)")
+
     def string(self, what: str) -> str:
+        at = self.pos
         n = self.u64(what)
-        self.need(n, what)
+        if n > MAX_STRING_BYTES or self.pos + n > self.end:
+            self.bad_length(n, at, what)
         raw = self.buf[self.pos : self.pos + n]
         self.pos += n
         try:
@@ -178,38 +211,58 @@ class _Cursor:
         unpack = struct.unpack_from
         out: list[str] = []
         append = out.append
+        cap = MAX_STRING_BYTES
         try:
             for _ in range(count):
                 if pos + 8 > end:
                     raise IndexError
                 (n,) = unpack("<Q", buf, pos)
+                if n > cap or pos + 8 + n > end:
+                    self.bad_length(n, pos, f"{what} entry {len(out)}")
                 pos += 8
-                if pos + n > end:
-                    raise IndexError
                 append(buf[pos : pos + n].decode("utf-8"))
                 pos += n
         except IndexError:
             self.pos = pos
             raise GGUFError(f"{self.path}: truncated GGUF header (reading {what} at byte {pos})") from None
         except UnicodeDecodeError:
-            raise GGUFError(f"{self.path}: invalid UTF-8 in {what}") from None
+            raise GGUFError(f"{self.path}: invalid UTF-8 in {what} entry {len(out)} at byte {pos}") from None
         self.pos = pos
         return out
 
-    def value(self, vtype: int, what: str) -> Any:
+    def array_count(self, sub: int, what: str, at: int) -> int:
+        """The item count of an array (header at byte ``at``, cursor past its count), refused
+        when it is implausible or cannot fit in what is left of the file, before any list or
+        buffer is made for it."""
+        count = self.u64(what)
+        # Smallest encoding of one item: a string's u64 length, a nested array's type and count.
+        least = {ValueType.STRING: 8, ValueType.ARRAY: 12}.get(sub) or np.dtype(_NUMPY_DTYPE[sub]).itemsize
+        if count > MAX_ARRAY_ITEMS:
+            raise GGUFError(f"{self.path}: damaged GGUF header: implausible item count {count} for {what} at byte {at} "
+                            f"(at most {MAX_ARRAY_ITEMS} here; the whole file is {self.end} bytes)")
+        if self.pos + count * least > self.end:
+            raise GGUFError(f"{self.path}: truncated GGUF header ({what} at byte {at} claims {count} items of at least "
+                            f"{least} bytes, but the {self.end}-byte file ends {self.end - self.pos} bytes later)")
+        return count
+
+    def value(self, vtype: int, what: str, depth: int = 1) -> Any:
+        """One value of type ``vtype``; ``depth`` counts the arrays it sits in, itself included."""
         if vtype == ValueType.STRING:
             return self.string(what)
         if vtype == ValueType.ARRAY:
+            at = self.pos
             sub = self.u32(what)
-            count = self.u64(what)
+            if sub not in _NUMPY_DTYPE and sub not in (ValueType.STRING, ValueType.ARRAY):
+                raise GGUFError(f"{self.path}: unknown metadata value type {sub} in {what}")
+            if sub == ValueType.ARRAY and depth >= MAX_ARRAY_DEPTH:
+                raise GGUFError(f"{self.path}: damaged GGUF header: {what} nests arrays more than {MAX_ARRAY_DEPTH} "
+                                f"levels deep (at byte {at}; real files nest one or two)")
+            count = self.array_count(sub, what, at)
             if sub == ValueType.STRING:
                 return self.string_array(count, what)
             if sub == ValueType.ARRAY:
-                return [self.value(ValueType.ARRAY, what) for _ in range(count)]
-            if sub not in _NUMPY_DTYPE:
-                raise GGUFError(f"{self.path}: unknown metadata value type {sub} in {what}")
+                return [self.value(ValueType.ARRAY, what, depth + 1) for _ in range(count)]
             dtype = np.dtype(_NUMPY_DTYPE[sub])
-            self.need(count * dtype.itemsize, what)
             arr = np.frombuffer(self.buf, dtype=dtype, count=count, offset=self.pos).copy()
             self.pos += count * dtype.itemsize
             if sub == ValueType.BOOL:
@@ -271,12 +324,13 @@ class GGUFFile:
         self.value_types: dict[str, tuple[int, int | None]] = {}
         for i in range(n_kv):
             key = c.string(f"metadata key #{i}")
-            vtype = c.u32(f"type of {key}")
+            label = shown(key)
+            vtype = c.u32(f"type of {label}")
             sub = None
             if vtype == ValueType.ARRAY:
-                c.need(4, key)
+                c.need(4, label)
                 (sub,) = struct.unpack_from("<I", self._mm, c.pos)
-            self.metadata[key] = c.value(vtype, key)
+            self.metadata[key] = c.value(vtype, label)
             self.value_types[key] = (vtype, sub)
 
         align = self.metadata.get("general.alignment", DEFAULT_ALIGNMENT)
@@ -287,35 +341,37 @@ class GGUFFile:
         raw: list[tuple[str, int, tuple[int, ...], int]] = []
         for i in range(n_tensors):
             name = c.string(f"tensor name #{i}")
-            n_dims = c.u32(f"dims of {name}")
+            label = shown(name)
+            n_dims = c.u32(f"dims of {label}")
             if n_dims == 0 or n_dims > MAX_DIMS:
-                raise GGUFError(f"{self.path}: tensor {name} has {n_dims} dimensions (1..{MAX_DIMS} allowed)")
-            dims = tuple(c.u64(f"dims of {name}") for _ in range(n_dims))
-            ttype = c.u32(f"type of {name}")
-            offset = c.u64(f"offset of {name}")
+                raise GGUFError(f"{self.path}: tensor {label} has {n_dims} dimensions (1..{MAX_DIMS} allowed)")
+            dims = tuple(c.u64(f"dims of {label}") for _ in range(n_dims))
+            ttype = c.u32(f"type of {label}")
+            offset = c.u64(f"offset of {label}")
             raw.append((name, ttype, dims, offset))
 
         self.data_offset = -(-c.pos // align) * align
         self.tensors: dict[str, TensorInfo] = {}
         for name, ttype, dims, offset in raw:
+            label = shown(name)
             try:
                 block_info(ttype)
             except (KeyError, ValueError):
-                raise GGUFError(f"{self.path}: tensor {name} has unknown GGML type {ttype}") from None
+                raise GGUFError(f"{self.path}: tensor {label} has unknown GGML type {ttype}") from None
             try:
                 nbytes = tensor_nbytes(ttype, dims)
             except ValueError as e:
-                raise GGUFError(f"{self.path}: tensor {name}: {e}") from None
+                raise GGUFError(f"{self.path}: tensor {label}: {e}") from None
             if offset % align:
-                raise GGUFError(f"{self.path}: tensor {name} offset {offset} is not aligned to {align}")
+                raise GGUFError(f"{self.path}: tensor {label} offset {offset} is not aligned to {align}")
             start = self.data_offset + offset
             if start + nbytes > self.file_size:
                 raise GGUFError(
-                    f"{self.path}: tensor {name} extends past the end of the file "
+                    f"{self.path}: tensor {label} extends past the end of the file "
                     f"(needs bytes {start}..{start + nbytes}, file has {self.file_size}); truncated download?"
                 )
             if name in self.tensors:
-                raise GGUFError(f"{self.path}: tensor {name} appears twice")
+                raise GGUFError(f"{self.path}: tensor {label} appears twice")
             self.tensors[name] = TensorInfo(name, ttype, dims, start, nbytes)
 
     # -- access -----------------------------------------------------------------------------

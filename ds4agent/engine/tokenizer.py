@@ -25,7 +25,7 @@ from typing import Iterable, Sequence
 from tokenizers import Regex, Tokenizer as HFTokenizer
 from tokenizers import models, pre_tokenizers
 
-from .gguf import GGUFError, GGUFFile
+from .gguf import GGUFError, GGUFFile, ValueType
 
 BOS = "<｜begin▁of▁sentence｜>"
 EOS = "<｜end▁of▁sentence｜>"
@@ -87,14 +87,30 @@ class Tokenizer:
         if len(self._id) != self.vocab_size:
             raise GGUFError(f"{source}: tokenizer.ggml.tokens contains duplicate strings")
         pairs = []
+        vocab = self._id
         for rank, m in enumerate(merges):
             left, sep, right = m.partition(" ")
             if not sep or not left or not right:
                 raise GGUFError(f"{source}: tokenizer.ggml.merges entry {rank} is not 'left right': {m!r}")
+            # A merge's halves and its result must all be tokens. Checked here because the
+            # tokenizers library reports a violation as a bare Exception or, for a missing
+            # result, as a Rust panic that also prints a backtrace on stderr.
+            for piece in (left, right, left + right):
+                if piece not in vocab:
+                    raise GGUFError(f"{source}: damaged vocabulary: tokenizer.ggml.merges entry {rank} ({m!r}): "
+                                    f"{piece!r} is not in tokenizer.ggml.tokens")
             pairs.append((left, right))
-        bpe = models.BPE(self._id, pairs, fuse_unk=False, byte_fallback=False)
-        self._hf = HFTokenizer(bpe)
-        self._hf.pre_tokenizer = _joyai_pretokenizer()
+        try:
+            bpe = models.BPE(self._id, pairs, fuse_unk=False, byte_fallback=False)
+            self._hf = HFTokenizer(bpe)
+            self._hf.pre_tokenizer = _joyai_pretokenizer()
+        except (KeyboardInterrupt, SystemExit, GeneratorExit):
+            raise
+        except BaseException as e:
+            # Anything else the library refuses is still a damaged vocabulary. BaseException,
+            # because a Rust panic arrives as pyo3's PanicException, which is not an Exception.
+            why = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise GGUFError(f"{source}: damaged vocabulary: the tokenizer library rejects it ({why})") from None
 
         byte_syms = {chr(c) for c in _byte_decoder()}
         produced = {a + b for a, b in pairs}
@@ -124,6 +140,11 @@ class Tokenizer:
                 raise GGUFError(f"{f.path}: missing required metadata key tokenizer.ggml.tokens")
             if not isinstance(merges, list):
                 raise GGUFError(f"{f.path}: missing required metadata key tokenizer.ggml.merges")
+            for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges"):
+                # A damaged type byte turns the strings into numbers, which nothing below expects.
+                sub = f.value_types[key][1]  # both are lists here, so arrays
+                if sub != ValueType.STRING:
+                    raise GGUFError(f"{f.path}: {key} must be an array of strings, found an array of {ValueType(sub).name}")
             model = f.metadata.get("tokenizer.ggml.model", "gpt2")
             if model != "gpt2":
                 raise GGUFError(f"{f.path}: tokenizer.ggml.model is {model!r}; DeepSeek V4 uses byte-level BPE ('gpt2')")
