@@ -240,7 +240,170 @@ def test_model_mistakes_become_tool_errors(ws) -> None:
     r, d = run_tool(TOOLS, "read", "{}", ws, Policy("yolo"), None)
     assert not r.ok and "missing required parameter 'path'" in r.text
     r, d = run_tool(TOOLS, "read", {"path": "src/app.py", "start": "abc"}, ws, Policy("yolo"), None)
-    assert not r.ok and "must be int" in r.text
+    assert not r.ok and "must be an integer" in r.text
+
+
+@pytest.mark.parametrize("name,arguments,fragment", [
+    ("read", {"path": "src/app.py\0.txt"}, "NUL"),
+    ("write", {"path": "a\0b", "content": "x"}, "NUL"),
+    ("read", '{"path": "\\ud800"}', "surrogate"),
+    ("read", {"path": "x" * 5000}, "too long"),
+    ("read", {"path": "y" * 300}, "name too long"),
+    ("read", {"path": ["src/app.py"]}, "must be a string"),
+    ("read", {"path": 7}, "must be a string"),
+    ("read", {"path": "src/app.py", "colour": "red"}, "unknown parameter 'colour'"),
+    ("read", {"path": "src/app.py", "start": -3}, "at least 1"),
+    ("read", {"path": "src/app.py", "start": 0}, "at least 1"),
+    ("read", {"path": "src/app.py", "start": 10**30}, "past the end"),
+    ("read", {"path": "src/app.py", "start": "\u00b2"}, "must be an integer"),
+    ("read", {"path": "src/app.py", "lines": True}, "must be an integer"),
+    ("read", {"path": "src/app.py", "lines": 2.5}, "must be an integer"),
+    ("read", '{"path": "src/app.py", "start": 1' + "0" * 5000 + '}', "arguments"),
+    ("read", "[1, 2]", "must be a JSON object"),
+    ("read", "[" * 100000, "not valid JSON"),
+    ("read", 5, "must be a JSON object"),
+    ("read", None, "must be a JSON object"),
+    ("edit", {"path": "src/app.py", "new": "x", "start": 1, "end": -1}, "at least 1"),
+    ("bash", {"command": "echo a\0b"}, "NUL"),
+    ("bash", {"command": "echo hi", "timeout": 10**9}, "at most"),
+    ("job", {"id": 1, "action": "explode"}, "one of"),
+    ("job", {"id": -1}, "at least 1"),
+    ("search", {"pattern": "(" * 10000, "regex": True}, "regular expression"),
+    ("search", {"pattern": "a{99999999999}", "regex": True}, "regular expression"),
+    ("search", {"pattern": "main", "regex": "maybe"}, "must be a boolean"),
+    ("list", {"path": "src\0"}, "NUL"),
+    ("outline", {"path": "\udce9.py"}, "surrogate"),
+])
+def test_malformed_arguments_never_raise(ws, name, arguments, fragment) -> None:
+    """Whatever the model writes as arguments comes back as a tool error it can read."""
+    r, d = run_tool(TOOLS, name, arguments, ws, Policy("yolo"), None)
+    # The decision is "error" when the call is refused before it runs, else the approval taken.
+    assert not r.ok and d in ("error", "auto") and r.text.startswith("error: ") and fragment in r.text, r.text
+    r.text.encode("utf-8")  # always valid text for the transcript
+
+
+def test_workspace_resolve_rejects_what_no_path_can_hold(ws) -> None:
+    from ds4agent.tools import ToolError
+
+    for bad in ("a\0b", "\ud800", "z" * 5000, "", "  ", 3):
+        with pytest.raises(ToolError):
+            ws.resolve(bad)
+
+
+def test_results_are_valid_text_for_undecodable_file_names(ws) -> None:
+    # A file name that is not UTF-8 comes back from the OS as surrogate escapes; the model
+    # must still get text the tokenizer can encode.
+    os.close(os.open(os.path.join(os.fsencode(ws.root), b"caf\xe9.txt"), os.O_CREAT | os.O_WRONLY))
+    r, _ = call(ws, "list")
+    assert r.ok and "caf" in r.text
+    r.text.encode("utf-8")
+    r.summary.encode("utf-8")
+
+
+def test_non_regular_files_are_not_read(ws) -> None:
+    import threading
+
+    fifo = ws.root / "pipe"
+    os.mkfifo(fifo)
+
+    def writer() -> None:  # unblocks a reader that opened the pipe (reading it would hang forever)
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            try:
+                fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            except OSError:  # no reader yet
+                time.sleep(0.05)
+                continue
+            os.write(fd, b"from the pipe\n")
+            os.close(fd)
+            return
+
+    t = threading.Thread(target=writer, daemon=True)
+    t.start()
+    r, _ = call(ws, "read", path="pipe")
+    t.join()
+    assert not r.ok and "not a regular file" in r.text
+
+
+def test_an_unexpected_failure_is_a_tool_error_naming_the_tool(ws, monkeypatch) -> None:
+    from ds4agent.tools import Tool
+
+    def broken(ws, args):
+        raise KeyError("boom")
+
+    tools = {**TOOLS, "read": Tool("read", "d", TOOLS["read"].parameters, broken)}
+    r, d = run_tool(tools, "read", {"path": "src/app.py"}, ws, Policy("yolo"), None)
+    assert not r.ok and d == "auto" and "read tool failed unexpectedly" in r.text and "KeyError" in r.text
+
+
+# -- fuzz: no argument string the model can write makes a tool raise or leave the workspace -----
+
+def test_fuzz_tool_arguments(tmp_path_factory) -> None:
+    from unittest import mock
+
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from ds4agent.tools import ToolResult
+
+    base = tmp_path_factory.mktemp("fuzz")
+    root, outside, home = base / "ws", base / "outside", base / "home"
+    for d in (root / "src", outside, home):
+        d.mkdir(parents=True)
+    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+    (root / "src" / "app.py").write_text("def main():\n    return 1\n")
+    (outside / "secret.txt").write_text("s3cret")
+    (home / ".profile").write_text("keep")
+    os.symlink(outside, root / "link")
+
+    def snapshot() -> dict:
+        return {str(p): (p.read_bytes() if p.is_file() else None)
+                for d in (outside, home) for p in sorted(d.rglob("*"))} | {"base": sorted(os.listdir(base))}
+
+    before = snapshot()
+    names = sorted({k for t in TOOLS.values() for k in t.parameters.get("properties", {})})
+    nasty = ["", " ", "\0", "a\0b", "\ud800", "\udce9", "x" * 5000, "y" * 300 + "/z", "../outside/secret.txt",
+             "/", str(outside / "secret.txt"), "~", "~/.profile", ".", "..", "src/app.py", "src", ".git/HEAD",
+             "link/secret.txt", "link/new.txt", "-1", "0", "1" * 40, "true", "\u00b2", "(", "[", "*", "{}",
+             "status", "output", "stop"]
+    scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.integers(-2**70, 2**70), st.floats(),
+                        st.text(max_size=30), st.sampled_from(nasty))
+    values = st.recursive(scalars, lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=6), c, max_size=3),
+                          max_leaves=6)
+    objects = st.dictionaries(st.sampled_from(names) | st.text(max_size=8), values, max_size=5)
+    as_json = objects.map(lambda o: json.dumps(o))
+    arguments = st.one_of(
+        as_json, objects, st.text(max_size=60),
+        st.tuples(as_json, st.integers(0, 80)).map(lambda t: t[0][: t[1]]),  # cut-off JSON
+        st.sampled_from(["null", "[]", "1", '"x"', "{", "[" * 5000, '{"path": "\\ud800"}']),
+        st.sampled_from([None, 3, ["path"], ("a", 1)]),
+    )
+    tool_names = st.sampled_from(sorted(TOOLS) + ["nuke", "", "READ"])
+    typed = {"string": st.sampled_from(nasty) | st.text(max_size=20),
+             "integer": st.integers(-3, 40) | st.sampled_from([10**30, -10**30, "7", " 2 "]),
+             "boolean": st.booleans() | st.sampled_from(["true", "False", "yes"])}
+
+    def plausible(tool):  # the right keys, values mostly of the right type: these reach the tools
+        props, required = tool.parameters["properties"], tool.parameters.get("required", [])
+        return st.fixed_dictionaries({k: typed[props[k]["type"]] for k in required},
+                                     optional={k: typed[props[k]["type"]] | values for k in props if k not in required})
+
+    calls = st.one_of(st.tuples(tool_names, arguments),
+                      st.sampled_from(sorted(TOOLS)).flatmap(lambda n: st.tuples(st.just(n), plausible(TOOLS[n]))))
+    policy = Policy("auto-edit")  # edits inside the workspace run; escapes and shell need a yes nobody gives
+
+    @settings(max_examples=400, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(call=calls)
+    def check(call) -> None:
+        name, args = call
+        r, d = run_tool(TOOLS, name, args, Workspace(root), policy, None)
+        assert isinstance(r, ToolResult) and d in ("auto", "approved", "always", "refused", "error")
+        assert isinstance(r.text, str) and isinstance(r.summary, str)
+        r.text.encode("utf-8")
+        assert snapshot() == before
+
+    with mock.patch.dict(os.environ, {"HOME": str(home)}):
+        check()
 
 
 def test_schemas_are_valid_for_the_tools_block() -> None:

@@ -8,7 +8,9 @@ results with ``ok=False`` and a message that says what to do next, never excepti
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,6 +68,15 @@ class Workspace:
     def resolve(self, path: str) -> Path:
         if not isinstance(path, str) or not path.strip():
             raise ToolError("a path is required")
+        # What no file system path can hold is refused here, before the OS raises ValueError
+        # (NUL) or UnicodeEncodeError (surrogates) from deep inside a tool.
+        problem = text_problem(path)
+        if problem:
+            raise ToolError(f"the path {problem}")
+        if len(path) > MAX_PATH:
+            raise ToolError(f"the path is too long ({len(path)} characters; a path has at most {MAX_PATH})")
+        if any(len(os.fsencode(part)) > MAX_NAME for part in path.split("/")):
+            raise ToolError(f"file name too long in the path (a name has at most {MAX_NAME} bytes)")
         p = Path(path).expanduser()
         if not p.is_absolute():
             p = self.root / p
@@ -99,16 +110,102 @@ class Workspace:
         self.seen[str(p)] = (st.st_mtime_ns, st.st_size, text)
 
 
+MAX_PATH = 4096  # Linux's PATH_MAX: nothing longer names a file
+MAX_NAME = 255  # bytes of one path component (NAME_MAX)
+_INT = re.compile(r"\s*[-+]?[0-9]+\s*")
+_JSON_TYPES = {"string": "a string", "integer": "an integer", "boolean": "a boolean (true or false)",
+               "object": "an object", "array": "an array", "number": "a number"}
+_PY_TYPES = {str: "string", int: "integer", bool: "boolean"}
+
+
+def _show(value: Any, limit: int = 40) -> str:
+    """A value as the model wrote it, cut short: error messages must stay one readable line."""
+    try:
+        text = json.dumps(value, ensure_ascii=True) if isinstance(value, (str, int, float, bool)) else type(value).__name__
+    except ValueError:  # an integer beyond Python's digit limit for str()
+        text = "a very large integer"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def text_problem(text: str) -> str | None:
+    """Why ``text`` cannot be passed on as text (to the OS, the file system or the tokenizer)."""
+    if "\0" in text:
+        return "contains a NUL byte (\\0)"
+    if any("\ud800" <= c <= "\udfff" for c in text):
+        return "contains a lone surrogate (\\ud800-\\udfff), which is not text"
+    return None
+
+
+def clean_text(text: str) -> str:
+    """``text`` as valid Unicode: surrogate escapes (undecodable file names from the OS) become
+    U+FFFD, so a result can always be encoded into the transcript."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+
+
+def _coerce(name: str, value: Any, kind: str) -> Any:
+    """``value`` as JSON-schema type ``kind``; models often quote numbers and booleans."""
+    if kind == "integer":
+        if isinstance(value, str) and _INT.fullmatch(value):
+            try:
+                value = int(value)
+            except ValueError:  # beyond Python's digit limit for int()
+                raise ToolError(f"parameter '{name}' is too large") from None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ToolError(f"parameter '{name}' must be an integer, got {_show(value)}")
+    elif kind == "boolean":
+        if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+            value = value.strip().lower() == "true"
+        if not isinstance(value, bool):
+            raise ToolError(f"parameter '{name}' must be a boolean (true or false), got {_show(value)}")
+    elif kind == "string":
+        if not isinstance(value, str):
+            raise ToolError(f"parameter '{name}' must be a string, got {_show(value)}")
+        problem = text_problem(value)
+        if problem:
+            raise ToolError(f"parameter '{name}' {problem}")
+    return value
+
+
+def check_arguments(tool: Tool, args: Any) -> dict[str, Any]:
+    """The call's arguments checked against the tool's JSON schema: an object, no unknown keys,
+    the required ones present, each of its type (quoted integers and booleans converted), within
+    its ``minimum``/``maximum`` and ``enum``. Returns the converted arguments (null = absent);
+    raises ToolError saying what is wrong, so the model can correct the call."""
+    if not isinstance(args, dict):
+        raise ToolError(f"arguments must be a JSON object, got {_show(args)}")
+    props: dict[str, dict] = tool.parameters.get("properties", {})
+    known = ", ".join(props) or "no parameters"
+    unknown = [k for k in args if k not in props]
+    if unknown:
+        names = ", ".join(f"'{k}'" if isinstance(k, str) and not text_problem(k) else _show(k) for k in unknown[:5])
+        raise ToolError(f"unknown parameter{'s' if len(unknown) > 1 else ''} {names[:200]} for {tool.name}; "
+                        f"it takes: {known}")
+    out: dict[str, Any] = {}
+    for name, value in args.items():
+        if value is None:
+            continue
+        spec = props[name]
+        value = _coerce(name, value, spec.get("type", ""))
+        if "enum" in spec and value not in spec["enum"]:
+            raise ToolError(f"parameter '{name}' must be one of {', '.join(map(str, spec['enum']))}, got {_show(value)}")
+        if "minimum" in spec and value < spec["minimum"]:
+            raise ToolError(f"parameter '{name}' must be at least {spec['minimum']}, got {_show(value)}")
+        if "maximum" in spec and value > spec["maximum"]:
+            raise ToolError(f"parameter '{name}' must be at most {spec['maximum']}, got {_show(value)}")
+        out[name] = value
+    missing = [n for n in tool.parameters.get("required", []) if n not in out]
+    if missing:
+        raise ToolError(f"missing required parameter '{missing[0]}' for {tool.name}")
+    return out
+
+
 def arg(args: dict[str, Any], name: str, kind: type, default: Any = None, required: bool = False) -> Any:
     if name not in args or args[name] is None:
         if required:
             raise ToolError(f"missing required parameter '{name}'")
         return default
-    value = args[name]
-    if kind is int and isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        value = int(value)
-    if kind is bool and isinstance(value, str) and value.lower() in ("true", "false"):
-        value = value.lower() == "true"
-    if kind is int and isinstance(value, bool) or not isinstance(value, kind):
-        raise ToolError(f"parameter '{name}' must be {kind.__name__}, got {type(value).__name__}")
-    return value
+    return _coerce(name, args[name], _PY_TYPES[kind])

@@ -20,6 +20,8 @@ def _text_of(p: Path, ws: Workspace) -> str:
         raise ToolError(f"{ws.rel(p)}: no such file")
     if p.is_dir():
         raise ToolError(f"{ws.rel(p)}: is a directory (use list)")
+    if not p.is_file():  # a FIFO blocks forever on open, /dev/zero never ends
+        raise ToolError(f"{ws.rel(p)}: not a regular file; not read")
     size = p.stat().st_size
     if size > MAX_FILE:
         raise ToolError(f"{ws.rel(p)}: {size / 2**20:.0f} MiB is too large to read (limit {MAX_FILE // 2**20} MiB); "
@@ -152,8 +154,8 @@ TOOLS = [
     Tool("read", "Read a text file with line numbers, in chunks. Returns where to continue.",
          {"type": "object", "properties": {
              "path": {"type": "string", "description": "file path, relative to the workspace root"},
-             "start": {"type": "integer", "description": "first line (1-based, default 1)"},
-             "lines": {"type": "integer", "description": f"how many lines (default {DEFAULT_LINES})"}},
+             "start": {"type": "integer", "minimum": 1, "description": "first line (1-based, default 1)"},
+             "lines": {"type": "integer", "minimum": 1, "description": f"how many lines (default {DEFAULT_LINES})"}},
           "required": ["path"]}, read),
     Tool("write", "Create a file or replace its whole content.",
          {"type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
@@ -163,8 +165,8 @@ TOOLS = [
          {"type": "object", "properties": {
              "path": {"type": "string"}, "old": {"type": "string", "description": "exact text to replace (must be unique)"},
              "new": {"type": "string", "description": "replacement text"},
-             "start": {"type": "integer", "description": "first line to replace"},
-             "end": {"type": "integer", "description": "last line to replace (default: start)"}},
+             "start": {"type": "integer", "minimum": 1, "description": "first line to replace"},
+             "end": {"type": "integer", "minimum": 1, "description": "last line to replace (default: start)"}},
           "required": ["path", "new"]}, edit, kind="edit"),
     Tool("list", "List a directory of the workspace (files ignored by git are left out).",
          {"type": "object", "properties": {"path": {"type": "string", "description": "directory (default: the root)"}}},

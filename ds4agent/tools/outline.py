@@ -95,13 +95,21 @@ def outline(ws: Workspace, args: dict) -> ToolResult:
     lines, n_defs = [], 0
     for f in files:
         try:
+            if not f.is_file():  # a FIFO would block forever
+                continue
             data = f.read_bytes()
         except OSError:
             continue
         if len(data) > MAX_BYTES:
             lines.append(f"{ws.rel(f)}: skipped ({len(data) // 1024} KiB)")
             continue
-        defs = outline_source(data, f.suffix)
+        try:
+            defs = outline_source(data, f.suffix)
+        except ImportError as e:  # a grammar package missing from this installation
+            raise ToolError(f"outline is not available for {f.suffix} files here ({e})") from None
+        except RecursionError:  # the tree walk recurses once per nesting level
+            lines.append(f"{ws.rel(f)}: skipped (nested too deeply)")
+            continue
         if not defs:
             continue
         lines.append(f"{ws.rel(f)}:")

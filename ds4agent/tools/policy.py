@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .base import Tool, ToolError, ToolResult, Workspace
+from .base import Tool, ToolError, ToolResult, Workspace, check_arguments, clean_text
 
 MODES = ("ask", "auto-edit", "yolo")
 
@@ -93,16 +93,21 @@ def run_tool(tools: dict[str, Tool], name: str, arguments: str | dict, ws: Works
     if tool is None:
         return ToolResult(f"error: unknown tool {name!r}; available: {', '.join(sorted(tools))}",
                           f"unknown tool {name}", ok=False), "error"
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except (ValueError, RecursionError) as e:  # RecursionError: "[[[[..." nested too deep
+            why = str(e) if isinstance(e, ValueError) else "nested too deeply"
+            return ToolResult(f"error: arguments are not valid JSON ({why[:200]})", f"{name}: bad arguments",
+                              ok=False), "error"
+    # Arguments are checked against the schema before anyone is asked to approve the call.
     try:
-        args = json.loads(arguments) if isinstance(arguments, str) else dict(arguments)
-    except ValueError as e:
-        return ToolResult(f"error: arguments are not valid JSON ({e})", f"{name}: bad arguments", ok=False), "error"
-    if not isinstance(args, dict):
-        return ToolResult("error: arguments must be a JSON object", f"{name}: bad arguments", ok=False), "error"
-    try:
+        args = check_arguments(tool, arguments)
         req = policy.request(tool, args, ws)
     except ToolError as e:
-        return ToolResult(f"error: {e}", f"{name}: {e}", ok=False), "error"
+        return _error(name, str(e)), "error"
+    except Exception as e:  # noqa: BLE001 - a bug of ours must not end the agent; the model hears of it
+        return _unexpected(name, e), "error"
     decision = "auto"
     if req is not None:
         answer = approve(req) if approve is not None else "no"
@@ -114,8 +119,23 @@ def run_tool(tools: dict[str, Tool], name: str, arguments: str | dict, ws: Works
                               f"refused: {req.summary} ({req.reason})", ok=False), "refused"
         decision = "always" if answer == "always" else "approved"
     try:
-        return tool.run(ws, args), decision
+        result = tool.run(ws, args)
     except ToolError as e:
-        return ToolResult(f"error: {e}", f"{name}: {e}", ok=False), decision
+        return _error(name, str(e)), decision
     except OSError as e:
-        return ToolResult(f"error: {e.strerror or e}", f"{name}: {e.strerror or e}", ok=False), decision
+        return _error(name, str(e.strerror or e)), decision
+    except Exception as e:  # noqa: BLE001 - last resort, see above
+        return _unexpected(name, e), decision
+    # File names the OS could not decode arrive as surrogate escapes: the transcript needs text.
+    return ToolResult(clean_text(result.text), clean_text(result.summary), result.ok, clean_text(result.detail)), decision
+
+
+def _error(name: str, message: str) -> ToolResult:
+    message = clean_text(message)
+    return ToolResult(f"error: {message}", f"{name}: {message}", ok=False)
+
+
+def _unexpected(name: str, e: Exception) -> ToolResult:
+    what = clean_text(f"{type(e).__name__}: {e}")[:300]
+    return ToolResult(f"error: the {name} tool failed unexpectedly ({what}). This is a fault in ds4agent, not in "
+                      "your call; try another way.", f"{name}: internal error ({type(e).__name__})", ok=False)

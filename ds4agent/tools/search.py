@@ -44,6 +44,8 @@ def search(ws: Workspace, args: dict) -> ToolResult:
         rx = re.compile(pattern if is_regex else re.escape(pattern))
     except re.error as e:
         raise ToolError(f"invalid regular expression: {e}") from None
+    except (OverflowError, RecursionError):  # "a{99999999999}", thousands of nested groups
+        raise ToolError("regular expression too large or nested too deeply; simplify it") from None
     if not where.exists():
         raise ToolError(f"{ws.rel(where)}: no such file or directory")
     files = [where] if where.is_file() else workspace_files(ws, where)
@@ -51,6 +53,8 @@ def search(ws: Workspace, args: dict) -> ToolResult:
     for f in files:
         rel = ws.rel(f)
         if glob and not (fnmatch.fnmatch(rel, glob) or fnmatch.fnmatch(f.name, glob)):
+            continue
+        if not f.is_file():  # a FIFO in the tree would block the search forever
             continue
         try:
             data = f.read_bytes()

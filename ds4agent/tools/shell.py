@@ -170,11 +170,12 @@ TOOLS = [
          "for servers and watchers, then the job tool.",
          {"type": "object", "properties": {
              "command": {"type": "string"},
-             "timeout": {"type": "integer", "description": f"seconds before the command is killed (default {DEFAULT_TIMEOUT})"},
+             "timeout": {"type": "integer", "minimum": 1, "maximum": MAX_TIMEOUT,
+                         "description": f"seconds before the command is killed (default {DEFAULT_TIMEOUT})"},
              "background": {"type": "boolean", "description": "run as a background job and return at once"}},
           "required": ["command"]}, bash, kind="shell"),
     Tool("job", "Check, read or stop a background job started by bash.",
-         {"type": "object", "properties": {"id": {"type": "integer"},
+         {"type": "object", "properties": {"id": {"type": "integer", "minimum": 1},
                                            "action": {"type": "string", "enum": ["status", "output", "stop"]}},
           "required": ["id"]}, job),
 ]
