@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import os
 
 import numpy as np
@@ -61,8 +63,9 @@ def test_generate_stops_at_eos_and_max(engine) -> None:
     s2 = engine.session()
     s2.sync([100, 200, 300])
     eos = engine.tokenizer.eos_id
-    s2._logits = np.full(engine.info.config.n_vocab, -10.0, np.float32)
-    s2._logits[eos] = 10.0
+    forced = np.full(engine.info.config.n_vocab, -10.0, np.float32)
+    forced[eos] = 10.0
+    s2._live = dataclasses.replace(s2._live, logits=forced)
     steps = list(s2.generate(SamplingParams(temperature=0), max_tokens=5))
     assert len(steps) == 1 and steps[0].token == eos and steps[0].finish == "eos"
 

@@ -45,6 +45,31 @@ class PrefillStats:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
 
 
+@dataclass(frozen=True)
+class _Live:
+    """Everything a session holds, bound to one attribute so that it changes in one store.
+
+    A step builds a new record and commits it last; an exception raised anywhere inside the
+    step (a KeyboardInterrupt included) leaves the previous record, so the token list and the
+    KV state never disagree. ``tokens`` is a list shared by successive records of one session
+    and only ever grown at its end: a record owns ``tokens[:n]``, and entries beyond the live
+    record's n are leftovers of a step that did not commit."""
+
+    state: ModelState
+    tokens: list[int]
+    n: int
+    logits: np.ndarray | None
+
+
+class Checkpoint:
+    """An opaque, O(1) capture of a session's state (see Session.checkpoint)."""
+
+    __slots__ = ("_live", "_ctx")
+
+    def __init__(self, live: _Live, ctx: int) -> None:
+        self._live, self._ctx = live, ctx
+
+
 class Session:
     prefill_chunk = 256
 
@@ -60,36 +85,64 @@ class Session:
         return self._engine
 
     def reset(self) -> None:
-        self._state = ModelState.empty(self._model.cfg)
-        self._tokens: list[int] = []
-        self._logits: np.ndarray | None = None
+        self._live = _Live(ModelState.empty(self._model.cfg), [], 0, None)
 
     @property
     def tokens(self) -> list[int]:
-        return list(self._tokens)
+        live = self._live
+        return live.tokens[: live.n]
+
+    @property
+    def n_tokens(self) -> int:
+        return self._live.n
 
     @property
     def logits(self) -> np.ndarray:
-        """Next-token logits (float32, vocabulary-sized) after the last token."""
-        if self._logits is None:
+        """Next-token logits (float32, vocabulary-sized, read-only) after the last token."""
+        logits = self._live.logits
+        if logits is None:
             raise RuntimeError("no logits yet: sync or eval a token first")
-        return self._logits
+        return logits
+
+    def checkpoint(self) -> Checkpoint:
+        """Capture the live state without copying it (arrays are shared, never written), so
+        that ``rollback`` can return to it: undoing an interrupted turn, or a failed load,
+        costs nothing and needs no prefill."""
+        return Checkpoint(self._live, self.ctx)
+
+    def rollback(self, cp: Checkpoint) -> None:
+        """Return to a checkpoint of this session. Later checkpoints stay valid (the token
+        list is copied here, so steps after the rollback never write into theirs)."""
+        if cp._ctx != self.ctx:
+            raise ValueError("checkpoint was taken with another context size")
+        live = cp._live
+        self._live = _Live(live.state, live.tokens[: live.n], live.n, live.logits)
 
     def _run(self, ids: Sequence[int]) -> None:
-        out = self._model.forward(np.asarray(ids, dtype=np.int64), self._state)
-        self._logits = np.array(out, dtype=np.float32)
-        self._tokens.extend(int(i) for i in ids)
+        live = self._live
+        state = live.state.fork()
+        out = self._model.forward(np.asarray(ids, dtype=np.int64), state)
+        logits = np.array(out, dtype=np.float32)
+        logits.setflags(write=False)
+        tokens = live.tokens
+        del tokens[live.n :]  # leftovers of a step that raised before its commit
+        tokens.extend(int(i) for i in ids)
+        self._live = _Live(state, tokens, live.n + len(ids), logits)  # the commit: one store
 
     def sync(self, ids: Sequence[int], progress: Progress | None = None) -> int:
-        """Make the live tokens equal ``ids``; returns how many tokens were evaluated."""
+        """Make the live tokens equal ``ids``; returns how many tokens were evaluated.
+
+        Each chunk commits on its own: interrupted between chunks, the session holds a prefix
+        of ``ids`` (a consistent state that the next sync extends)."""
         ids = [int(i) for i in ids]
         if len(ids) >= self.ctx:
             raise ContextFullError(f"prompt of {len(ids)} tokens does not fit a context of {self.ctx}")
         vocab = self._model.cfg.n_vocab
         if any(not 0 <= i < vocab for i in ids):
             raise ValueError("token id out of the vocabulary range")
-        n = len(self._tokens)
-        if n > len(ids) or ids[:n] != self._tokens:
+        live = self._live
+        n = live.n
+        if n > len(ids) or ids[:n] != live.tokens[:n]:
             self.reset()
             n = 0
         todo = ids[n:]
@@ -104,18 +157,20 @@ class Session:
 
     def snapshot(self) -> bytes:
         """The live state as a DSV4 session payload (spec/model.md §6.1)."""
-        if self._logits is None:
+        live = self._live
+        if live.logits is None:
             raise RuntimeError("nothing to snapshot: the session holds no tokens")
-        return write_payload(self._model.cfg, self.ctx, self._state, self._tokens, self._logits)
+        return write_payload(self._model.cfg, self.ctx, live.state, live.tokens[: live.n], live.logits)
 
     def restore(self, blob: bytes | memoryview) -> None:
         """Replace the live state by a snapshot; runs no model evaluation. On any mismatch
         (PayloadError) the session is left as it was."""
         state, tokens, logits = read_payload(self._model.cfg, self.ctx, blob, f16_rows=self._model.opt.qat_sim)
-        self._state, self._tokens, self._logits = state, tokens, logits
+        logits.setflags(write=False)
+        self._live = _Live(state, tokens, len(tokens), logits)
 
     def eval(self, token: int) -> None:
-        if len(self._tokens) + 1 >= self.ctx:
+        if self._live.n + 1 >= self.ctx:
             raise ContextFullError(f"context of {self.ctx} tokens is full")
         self._run([int(token)])
 
@@ -136,7 +191,7 @@ class Session:
                 finish = "eos"
             elif index + 1 == max_tokens:
                 finish = "length"
-            elif len(self._tokens) + 2 >= self.ctx:
+            elif self._live.n + 2 >= self.ctx:
                 finish = "context"
             yield Step(token, index, now - t, finish)
             if finish:

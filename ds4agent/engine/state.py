@@ -11,7 +11,7 @@ Nothing else (no queries, no HC state) persists.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import mlx.core as mx
 import numpy as np
@@ -43,6 +43,10 @@ class LayerState:
     idx_frontier: Frontier | None = None
 
 
+def _copy_frontier(fr: Frontier | None) -> Frontier | None:
+    return None if fr is None else Frontier(fr.kv, fr.score)
+
+
 @dataclass
 class ModelState:
     layers: list[LayerState] = field(default_factory=list)
@@ -63,6 +67,16 @@ class ModelState:
                 st.idx_frontier = Frontier.empty(8, 2 * cfg.indexer_head_dim)
             layers.append(st)
         return cls(layers, 0)
+
+    def fork(self) -> "ModelState":
+        """A copy that shares every array. The forward pass never writes into an array, it
+        only rebinds fields to new ones, so a step run on a fork leaves this state untouched:
+        a session commits the fork only once the whole step succeeded (engine/session.py)."""
+        layers = []
+        for st in self.layers:
+            layers.append(replace(st, comp_frontier=_copy_frontier(st.comp_frontier),
+                                  idx_frontier=_copy_frontier(st.idx_frontier)))
+        return ModelState(layers, self.n_tokens, self.xp)
 
     def use(self, xp: object) -> None:
         """Move every array into namespace ``xp``: states start, and snapshots load, as MLX

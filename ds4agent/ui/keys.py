@@ -1,20 +1,22 @@
 """Keys typed while the model works: Esc interrupts the answer, anything else is queued.
 
 prompt_toolkit only owns the keyboard while a prompt is shown. During a turn this watcher puts
-the terminal in cbreak mode (no echo, key by key) and reads it from a thread: Esc interrupts
-the main thread exactly like Ctrl+C; typed lines are kept, in order, for the prompts that
-follow; an unfinished line becomes the next prompt's starting text.
+the terminal in cbreak mode (no echo, key by key) and reads it from a thread: Esc sets the
+turn's stop flag; typed lines are kept, in order, for the prompts that follow; an unfinished
+line becomes the next prompt's starting text. Ctrl+C (SIGINT) sets the same flag while a turn
+runs (``stop_on_sigint``) instead of raising KeyboardInterrupt wherever the main thread happens
+to be: the turn ends at the next token boundary, never halfway through a model step.
 """
 
 from __future__ import annotations
 
-import _thread
 import os
 import select
+import signal
 import sys
 import threading
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, Iterator
 
 _ACTIVE: "KeyWatcher | None" = None
 
@@ -33,8 +35,24 @@ def suspended() -> Iterator[None]:
         w._start()
 
 
+@contextmanager
+def stop_on_sigint(stop: threading.Event) -> Iterator[None]:
+    """While the block runs, Ctrl+C sets ``stop`` rather than raising KeyboardInterrupt.
+
+    Outside the main thread (where signal handlers cannot be installed) nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: stop.set())
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 class KeyWatcher:
-    def __init__(self, fd: int | None = None) -> None:
+    def __init__(self, on_escape: Callable[[], None], fd: int | None = None) -> None:
+        self.on_escape = on_escape
         self.fd = sys.stdin.fileno() if fd is None else fd
         self.queued: list[str] = []
         self.partial = ""
@@ -108,7 +126,7 @@ class KeyWatcher:
                         i += 1
                         continue
                     self.escaped = True  # a lone Esc
-                    _thread.interrupt_main()
+                    self.on_escape()
                 elif ch in "\r\n":
                     if self.partial.strip():
                         self.queued.append(self.partial)
