@@ -27,9 +27,7 @@ def test_think_max_constant() -> None:
 
 
 def test_one_shot_prompt_matches_official_cases() -> None:
-    golden = Path(__file__).resolve().parents[2] / "shared" / "golden" / "template_cases.json"
-    if not golden.exists():
-        pytest.skip("golden cases live in ../shared/golden")
+    golden = Path(__file__).resolve().parent / "data" / "template_cases.json"
     cases = {c["id"]: c for c in json.loads(golden.read_text(encoding="utf-8"))["cases"]}
     c = cases["chat_user_only"]
     assert one_shot_prompt("Hello", None, "chat") == c["rendered"]

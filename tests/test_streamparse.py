@@ -13,9 +13,8 @@ from ds4agent.engine.template import parse
 
 HERE = Path(__file__).resolve().parent
 CASES = []
-for path in (HERE.parents[1] / "shared" / "golden" / "template_cases.json", HERE / "data" / "template_extra_cases.json"):
-    if path.exists():
-        CASES += [c for c in json.loads(path.read_text(encoding="utf-8"))["cases"] if c["kind"] == "parse"]
+for path in (HERE / "data" / "template_cases.json", HERE / "data" / "template_extra_cases.json"):
+    CASES += [c for c in json.loads(path.read_text(encoding="utf-8"))["cases"] if c["kind"] == "parse"]
 
 
 def _run(text: str, mode: str, rng: random.Random, as_bytes: bool):
@@ -59,9 +58,7 @@ def test_chunked_stream_matches_parse(case: dict) -> None:
                                  "xp_err_blank_line_between", "xp_err_text_after_block", "err_content_after_eos",
                                  "xp_err_missing_string_attr"])
 def test_grammar_errors_are_events(cid: str) -> None:
-    case = next((c for c in CASES if c["id"] == cid), None)
-    if case is None:
-        pytest.skip("case file not present")
+    case = next(c for c in CASES if c["id"] == cid)
     _, events = _run(case["completion"], case["thinking_mode"], random.Random(1), as_bytes=False)
     assert any(e.kind == "error" for e in events)
     assert "error" in events[-1].result
