@@ -29,52 +29,100 @@ class _Parser(argparse.ArgumentParser):
 KERNELS = ("auto", "reference", "cpu", "cpu-exact", "metal", "cuda")
 
 
-def _open_engine(path, args: argparse.Namespace, ctx: int):
+def _open_engine(path, args: argparse.Namespace, ctx: int, flag: str = "--ctx"):
     """Engine.open with the command's backend and kernels; says once on stderr when the fast
-    kernels could not be used."""
+    kernels could not be used. A context beyond the one the model was trained for is refused
+    (``flag`` names what set it): positions past it are extrapolation, the answers degrade
+    without any sign, and the KV memory grows for nothing."""
     from .engine import Engine
 
     engine = Engine.open(path, backend=args.backend, ctx=ctx, kernels=args.kernels)
+    trained = engine.info.config.context_length
+    if trained and ctx > trained:
+        engine.close()
+        raise UsageError(f"{flag} {ctx} is more than this model was trained for ({trained} tokens, "
+                         f"deepseek4.context_length); use at most {trained}")
     if engine.info.kernel_note:
         print(f"ds4: note: {engine.info.kernel_note}", file=sys.stderr)
     return engine
 
 
+BACKENDS = ("auto", "cpu", "metal", "cuda")
+MODEL_CHOICE = ("Model choice: -m PATH, else $DS4_MODEL, else 'model' in ~/.ds4agent/config.toml, else the built-in "
+                "demo model (tiny, random weights).")
+
+
+def _add_model(parser: argparse.ArgumentParser) -> argparse.Action:
+    return parser.add_argument("-m", "--model", metavar="PATH",
+                               help="GGUF model file (default: $DS4_MODEL, else 'model' in config.toml, else the demo model)")
+
+
+def _add_engine(group: argparse._ActionsContainer) -> None:
+    group.add_argument("--backend", choices=BACKENDS, default="auto", help="compute backend (default auto)")
+    group.add_argument("--kernels", choices=KERNELS, default=None,
+                       help="implementation of the heavy products (default $DS4_KERNELS or auto; see README)")
+
+
+def _add_thinking(parser: argparse.ArgumentParser, think_max: bool) -> list[argparse.Action]:
+    mode = parser.add_mutually_exclusive_group()
+    actions = [mode.add_argument("--think", dest="mode", action="store_const", const="thinking",
+                                 help="reason before answering (default)"),
+               mode.add_argument("--nothink", dest="mode", action="store_const", const="chat", help="answer directly")]
+    if think_max:
+        actions.append(mode.add_argument("--think-max", dest="mode", action="store_const", const="max",
+                                         help="maximum reasoning effort (needs --ctx >= 393216)"))
+    parser.set_defaults(mode="thinking")
+    return actions
+
+
+def _add_generation(parser: argparse.ArgumentParser, tokens: int, tokens_help: str, ctx: int) -> list[argparse.Action]:
+    """The sampling, length, context and engine flags, the same for the chat and the agent
+    (only the defaults differ). Returns the most used ones, for the top-level help."""
+    gen = parser.add_argument_group("generation")
+    common = [gen.add_argument("--temp", type=float, default=1.0, metavar="T", help="temperature, 0 = greedy (default 1)")]
+    gen.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus sampling mass (default 1)")
+    gen.add_argument("--min-p", type=float, default=0.05, metavar="P",
+                     help="drop tokens below P x the top token's probability (default 0.05)")
+    gen.add_argument("--top-k", type=int, default=0, metavar="K", help="keep the K most likely tokens (0 = off)")
+    common.append(gen.add_argument("--seed", type=int, default=None, help="random seed (default: from the clock)"))
+    common.append(gen.add_argument("-n", "--tokens", type=int, default=tokens, metavar="N",
+                                   help=f"{tokens_help} (default {tokens})"))
+    common.append(gen.add_argument("-c", "--ctx", type=int, default=ctx, metavar="N",
+                                   help=f"context size in tokens (default {ctx}; at most the model's trained context)"))
+    _add_engine(gen)
+    return common
+
+
+def _common_options(sections: list[tuple[str, list[argparse.Action]]]) -> str:
+    """The top-level help's summary of the subcommands' most used flags, formatted by argparse
+    from the flags themselves (so the texts are written once)."""
+    fmt = argparse.HelpFormatter("ds4")
+    for title, actions in sections:
+        fmt.start_section(title)
+        fmt.add_arguments(actions)
+        fmt.end_section()
+    return fmt.format_help()
+
+
 def build_parser() -> argparse.ArgumentParser:
+    import textwrap
+
     p = _Parser(
         prog="ds4",
         description="DeepSeek V4 Flash, local and in-process: terminal chat and coding agent.",
-        epilog="Model choice: -m PATH, else $DS4_MODEL, else 'model' in ~/.ds4agent/config.toml, "
-        "else the built-in demo model (tiny, random weights).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,  # the epilog is formatted below
     )
     p.add_argument("--version", action="version", version=f"ds4agent {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     chat = sub.add_parser("chat", help="interactive chat (what plain 'ds4' runs); -p for one prompt")
-    chat.add_argument("-m", "--model", metavar="PATH", help="GGUF model file")
-    chat.add_argument("-p", "--prompt", metavar="TEXT", help="answer one prompt and exit ('-' reads stdin)")
+    chat_common = [chat.add_argument("-p", "--prompt", metavar="TEXT", help="answer one prompt and exit ('-' reads stdin)"),
+                   _add_model(chat)]
     chat.add_argument("--prompt-file", metavar="FILE", help="read the one-shot prompt from FILE")
     chat.add_argument("--system", metavar="TEXT", help="system text placed before the first user turn")
     chat.add_argument("--sessions", metavar="DIR", help="where saved conversations live (default ~/.ds4agent/sessions, or $DS4_SESSIONS)")
-    mode = chat.add_mutually_exclusive_group()
-    mode.add_argument("--think", dest="mode", action="store_const", const="thinking",
-                      help="reason before answering (default)")
-    mode.add_argument("--nothink", dest="mode", action="store_const", const="chat", help="answer directly")
-    mode.add_argument("--think-max", dest="mode", action="store_const", const="max",
-                      help="maximum reasoning effort (needs --ctx >= 393216)")
-    chat.set_defaults(mode="thinking")
-    gen = chat.add_argument_group("generation")
-    gen.add_argument("--temp", type=float, default=1.0, metavar="T", help="temperature, 0 = greedy (default 1)")
-    gen.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus sampling mass (default 1)")
-    gen.add_argument("--min-p", type=float, default=0.05, metavar="P",
-                     help="drop tokens below P x the top token's probability (default 0.05)")
-    gen.add_argument("--top-k", type=int, default=0, metavar="K", help="keep the K most likely tokens (0 = off)")
-    gen.add_argument("--seed", type=int, default=None, help="random seed (default: from the clock)")
-    gen.add_argument("-n", "--tokens", type=int, default=50000, metavar="N", help="generate at most N tokens")
-    gen.add_argument("-c", "--ctx", type=int, default=32768, metavar="N", help="context size in tokens (default 32768)")
-    gen.add_argument("--backend", choices=("auto", "cpu", "metal", "cuda"), default="auto", help="compute backend")
-    gen.add_argument("--kernels", choices=KERNELS, default=None,
-                     help="implementation of the heavy products (default $DS4_KERNELS or auto; see README)")
+    chat_common += _add_thinking(chat, think_max=True)[1:]
+    chat_common += _add_generation(chat, 50000, "generate at most N tokens", 32768)
     diag = chat.add_argument_group("diagnostics")
     diag.add_argument("--dump-tokens", action="store_true",
                       help="print the special-aware tokenisation of the prompt as given, then exit")
@@ -82,28 +130,19 @@ def build_parser() -> argparse.ArgumentParser:
     diag.add_argument("--logprobs-top-k", type=int, default=20, metavar="K", help="entries per step (1..128)")
 
     ag = sub.add_parser("agent", help="coding agent working in the current repository")
-    ag.add_argument("-m", "--model", metavar="PATH", help="GGUF model file")
-    ag.add_argument("-p", "--prompt", metavar="TASK", help="run one task headless and exit ('-' reads stdin)")
-    ag.add_argument("--json", action="store_true", help="with -p: one JSON object per event on stdout")
-    ag.add_argument("--approval", choices=("ask", "auto-edit", "yolo"), default="ask",
-                    help="ask (default): edits and commands need a yes; auto-edit: edits run; yolo: all runs "
-                         "(dangerous commands always ask; headless, anything needing a yes is refused)")
-    ag.add_argument("--resume", nargs="?", const="", metavar="SHA", help="resume a saved session (a picker without SHA)")
+    _add_model(ag)
+    agent_common = [
+        ag.add_argument("-p", "--prompt", metavar="TASK", help="run one task headless and exit ('-' reads stdin); "
+                        "the exit status says why it stopped (see README)"),
+        ag.add_argument("--json", action="store_true", help="with -p: one JSON object per event on stdout"),
+        ag.add_argument("--approval", choices=("ask", "auto-edit", "yolo"), default="ask",
+                        help="ask (default): edits and commands need a yes; auto-edit: edits run; yolo: all runs "
+                             "(dangerous commands always ask; headless, anything needing a yes is refused)"),
+        ag.add_argument("--resume", nargs="?", const="", metavar="SHA",
+                        help="resume a saved session (a picker without SHA)")]
     ag.add_argument("--sessions", metavar="DIR", help="where saved sessions live")
-    amode = ag.add_mutually_exclusive_group()
-    amode.add_argument("--think", dest="mode", action="store_const", const="thinking", help="reason first (default)")
-    amode.add_argument("--nothink", dest="mode", action="store_const", const="chat", help="answer directly")
-    ag.set_defaults(mode="thinking")
-    agen = ag.add_argument_group("generation")
-    agen.add_argument("--temp", type=float, default=1.0, metavar="T")
-    agen.add_argument("--top-p", type=float, default=1.0, metavar="P")
-    agen.add_argument("--min-p", type=float, default=0.05, metavar="P")
-    agen.add_argument("--top-k", type=int, default=0, metavar="K")
-    agen.add_argument("--seed", type=int, default=None)
-    agen.add_argument("-n", "--tokens", type=int, default=16384, metavar="N", help="most tokens per model turn")
-    agen.add_argument("-c", "--ctx", type=int, default=65536, metavar="N", help="context size (default 65536)")
-    agen.add_argument("--backend", choices=("auto", "cpu", "metal", "cuda"), default="auto")
-    agen.add_argument("--kernels", choices=KERNELS, default=None)
+    _add_thinking(ag, think_max=False)
+    _add_generation(ag, 16384, "most tokens per model turn", 65536)
 
     b = sub.add_parser("bench", help="prefill/generation speed at context frontiers (ds4-bench CSV)")
     b.add_argument("-m", "--model", metavar="PATH", help="GGUF model file")
@@ -116,8 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--gen-tokens", type=int, default=128, metavar="N")
     b.add_argument("--csv", metavar="FILE", help="write the CSV here instead of stdout")
     b.add_argument("--plot", metavar="FILE.png", help="draw prefill and generation t/s (needs matplotlib)")
-    b.add_argument("--backend", choices=("auto", "cpu", "metal", "cuda"), default="auto")
-    b.add_argument("--kernels", choices=KERNELS, default=None, help="e.g. reference, to measure the MLX path")
+    _add_engine(b)  # --kernels reference measures the MLX path
 
     ins = sub.add_parser("inspect", help="describe a model file without loading its weights")
     ins.add_argument("model", nargs="?", metavar="MODEL", help="GGUF file (default: the model ds4 would run)")
@@ -132,6 +170,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--experts", type=int, default=256, metavar="E", help="shape preset: routed experts (default 256)")
     demo.add_argument("--seed", type=int, default=0, help="random seed (same seed, same bytes)")
     demo.add_argument("--force", action="store_true", help="overwrite --out if it exists")
+
+    # `ds4 --help` is where people look first: it shows the flags they use most, not only the
+    # subcommands (plain `ds4 -p ...` runs the chat).
+    p.epilog = (_common_options([
+        ("chat: ds4 [chat] [options], most used (all: ds4 chat --help)", chat_common),
+        ("agent: ds4 agent [options], -m and the options above, and (all: ds4 agent --help)", agent_common)])
+        + "\n" + textwrap.fill(MODEL_CHOICE, 80))
     return p
 
 
@@ -350,7 +395,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         except ImportError:
             raise UsageError("--plot needs matplotlib (pip install 'ds4agent[bench]')") from None
     choice = resolve_model(args.model)
-    engine = _open_engine(choice.path, args, args.ctx_max + args.gen_tokens + 1)
+    engine = _open_engine(choice.path, args, args.ctx_max + args.gen_tokens + 1, "--ctx-max + --gen-tokens + 1 =")
     tok = engine.tokenizer
     text = Path(args.prompt_file).read_text(encoding="utf-8") if args.prompt_file else _BENCH_TEXT
     ids = tok.encode(text)

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import difflib
 import os
+import sys
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,8 +33,22 @@ DEMO_BANNER = (
 )
 
 
+# The keys config.toml may hold. Anything else is most likely a typo, which would otherwise be
+# ignored without a word (a mistyped "model" silently runs the demo model).
+CONFIG_KEYS = ("model",)
+
+
 def config_path() -> Path:
     return ds4_home() / "config.toml"
+
+
+def _warn_unknown_keys(cfg: Path, data: dict) -> None:
+    for key in data:
+        if key in CONFIG_KEYS:
+            continue
+        close = difflib.get_close_matches(key, CONFIG_KEYS, n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        print(f"ds4: warning: {cfg}: unknown key '{key}'{hint}; known keys: {', '.join(CONFIG_KEYS)}", file=sys.stderr)
 
 
 def _checked(path: str, source: str, where: str | None = None) -> ModelChoice:
@@ -53,17 +69,26 @@ def configured_model() -> str | None:
         data = tomllib.loads(cfg.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
         raise ModelChoiceError(f"{cfg}: cannot read configuration: {e}") from None
+    _warn_unknown_keys(cfg, data)
     model = data.get("model")
     if model is not None and not isinstance(model, str):
         raise ModelChoiceError(f"{cfg}: 'model' must be a path string")
+    if model is not None and not model.strip():
+        raise ModelChoiceError(f"{cfg}: 'model' is empty; give a model path or remove the line")
     return model
 
 
 def resolve_model(flag: str | None) -> ModelChoice:
-    if flag:
+    # An empty value was meant to name a model (an unset shell variable, say): running the
+    # demo model instead would look like a broken model, so it is an error.
+    if flag is not None:
+        if not flag.strip():
+            raise ModelChoiceError("-m needs a model path, got an empty one")
         return _checked(flag, "-m")
     env = os.environ.get("DS4_MODEL")
-    if env:
+    if env is not None:
+        if not env.strip():
+            raise ModelChoiceError("DS4_MODEL is set but empty; give a model path or unset it")
         return _checked(env, "DS4_MODEL")
     configured = configured_model()
     if configured:

@@ -156,3 +156,70 @@ def test_plain_ds4_uses_demo_model(capsys, monkeypatch) -> None:
     assert main(["-m", str(path)]) == 0
     assert "context" in capsys.readouterr().out
     assert path.stat().st_mtime_ns == mtime  # cached, not rebuilt
+
+
+# -- configuration mistakes are said, not ignored -------------------------------------------------
+
+def test_unknown_config_key_warns_with_a_close_match(demo_path: Path, capsys, monkeypatch) -> None:
+    from ds4agent.modelpath import config_path, configured_model
+
+    cfg = config_path()
+    cfg.parent.mkdir(parents=True, exist_ok=True)
+    cfg.write_text(f'modle = "{demo_path}"\ncolour = "blue"\n')
+    try:
+        assert configured_model() is None
+        err = capsys.readouterr().err
+        assert f"ds4: warning: {cfg}: unknown key 'modle' (did you mean 'model'?); known keys: model" in err
+        assert "unknown key 'colour'; known keys: model" in err
+        assert err.count("\n") == 2
+        cfg.write_text(f'model = "{demo_path}"\n')
+        assert configured_model() == str(demo_path) and capsys.readouterr().err == ""
+        cfg.write_text('model = ""\n')
+        assert main(["inspect"]) == 1
+        assert "'model' is empty" in capsys.readouterr().err
+    finally:
+        cfg.unlink()
+
+
+def test_empty_model_path_is_an_error(demo_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.setenv("DS4_MODEL", "")
+    assert main(["inspect"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("ds4: error: ") and "DS4_MODEL is set but empty" in err and err.count("\n") == 1
+    monkeypatch.setenv("DS4_MODEL", "  ")
+    assert main(["-p", "hi"]) == 1 and "DS4_MODEL is set but empty" in capsys.readouterr().err
+    monkeypatch.delenv("DS4_MODEL")
+    assert main(["-m", "", "-p", "hi"]) == 1
+    assert "-m needs a model path" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["-p", "hi"], ["agent", "-p", "hi"]])
+def test_ctx_beyond_the_trained_context_is_refused(demo_path: Path, capsys, argv: list[str]) -> None:
+    assert main([*argv, "-m", str(demo_path), "--ctx", "2000000", "-n", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ds4: error: --ctx 2000000 is more than this model was trained for (1048576 tokens")
+    assert err.count("\n") == 1
+
+
+# -- the front door shows the flags people use ----------------------------------------------------
+
+def test_top_level_help_shows_the_common_flags() -> None:
+    r = run("--help")
+    assert r.returncode == 0
+    for flag in ("-p TEXT", "-m PATH", "--ctx N", "--nothink", "-n N", "--temp T", "--think-max", "--json"):
+        assert flag in r.stdout, flag
+    assert "ds4 chat --help" in r.stdout and "ds4 agent --help" in r.stdout
+
+
+def test_generation_flags_are_declared_once() -> None:
+    from ds4agent.cli import build_parser
+
+    p = build_parser()
+    subs = next(a for a in p._actions if a.dest == "command").choices
+    for name in ("chat", "agent"):
+        helps = {a.dest: a.help for a in subs[name]._actions}
+        for dest in ("temp", "top_p", "min_p", "top_k", "seed", "tokens", "ctx", "backend", "kernels"):
+            assert helps.get(dest), (name, dest)  # every one explained, in both
+    assert subs["agent"].parse_args(["--temp", "0.5"]).temp == 0.5
+    assert subs["chat"].parse_args([]).tokens == 50000 and subs["agent"].parse_args([]).tokens == 16384
+    assert subs["chat"].parse_args([]).ctx == 32768 and subs["agent"].parse_args([]).ctx == 65536
