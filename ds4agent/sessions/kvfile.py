@@ -6,7 +6,7 @@
    48  u32 text length L, L bytes of rendered text, the engine payload, [tool-id map "KTM"]
 
 The rendered text is the identity of a session: its SHA-1 names the file. Reading a header or
-the text never touches the payload. ds4 leaves the u32 at offset 20 reserved (zero); we store a
+the text reads no more of the payload than its 52-byte header (to check the token count). ds4 leaves the u32 at offset 20 reserved (zero); we store a
 fingerprint of the model there so a session cannot be resumed on a different model of the same
 shape (ds4 files, with zero, are checked by shape only).
 """
