@@ -16,13 +16,15 @@ from typing import Iterator
 
 from .conversation import Conversation
 from .engine import Engine, SamplingParams
-from .tools import Approver, Policy, Workspace, all_tools, run_tool
+from .tools import Approver, Policy, ToolError, Workspace, all_tools, run_tool
 
 MAX_STEPS = 60
 COMPACT_AT = 0.8  # fraction of the context after which the conversation is compacted
 KEEP_TAIL = 4  # messages kept verbatim after a compaction
 MENTION = re.compile(r"(?<![\w/.])@([\w./-]+)")
 MENTION_MAX = 100_000  # characters of one attached file
+# Code spans and fenced blocks: an @ there is a decorator or a package scope, not a mention.
+_CODE = re.compile(r"```.*?(?:```|\Z)|`[^`\n]*`", re.S)
 
 SYSTEM_PROMPT = """You are ds4agent, a coding assistant working inside the user's repository at {root}.
 
@@ -66,21 +68,66 @@ def system_prompt(ws: Workspace) -> str:
     return SYSTEM_PROMPT.format(root=ws.root) + project_notes(ws.root)
 
 
-def attach_mentions(text: str, ws: Workspace) -> tuple[str, list[str]]:
-    """Append the content of files mentioned as @path (inside the workspace) to the message."""
-    attached, blocks = [], []
-    for m in MENTION.finditer(text):
-        p = ws.resolve(m.group(1))
-        if p.is_file() and ws.escapes(p) is None and m.group(1) not in attached:
-            try:
-                body = p.read_text(encoding="utf-8")[:MENTION_MAX]
-            except (OSError, UnicodeDecodeError):
+def attach_mentions(text: str, ws: Workspace) -> tuple[str, list[str], list[str]]:
+    """Append the content of files mentioned as @path (inside the workspace) to the message.
+    Returns the message, the paths attached, and one note for the user per mention not
+    attached whole (not found, outside the workspace, a directory, not text, truncated)."""
+    attached, blocks, notes, seen = [], [], [], set()
+    masked = _CODE.sub(lambda m: " " * len(m.group()), text)
+    for m in MENTION.finditer(masked):
+        name = m.group(1)
+        if not re.search(r"\w", name):
+            continue  # "@..." or "@-": punctuation, not a path
+        try:
+            p = ws.resolve(name)
+            if name.endswith(".") and not p.exists():  # "see @src/app.py." ends a sentence
+                name = name.rstrip(".")
+                p = ws.resolve(name)
+            if p in seen:
                 continue
-            attached.append(m.group(1))
-            blocks.append(f"Content of {m.group(1)}:\n```\n{body}\n```")
+            seen.add(p)
+            why = ws.escapes(p)
+            if why:
+                notes.append(f"@{name}: {why}; not attached")
+            elif not p.exists():
+                notes.append(f"@{name}: no such file in the workspace; not attached")
+            elif p.is_dir():
+                notes.append(f"@{name}: is a directory; not attached (mention the files in it)")
+            elif not p.is_file():
+                notes.append(f"@{name}: not a regular file; not attached")
+            else:
+                body, note = _mention_text(p, name)
+                if body is None:
+                    notes.append(note)
+                    continue
+                if note:
+                    notes.append(note)
+                attached.append(name)
+                blocks.append(f"Content of {name}:\n```\n{body}\n```")
+        except ToolError as e:  # a name no path can hold
+            notes.append(f"@{name[:80]}: {e}; not attached")
+        except OSError as e:  # e.g. a name too long for the file system, or unreadable
+            notes.append(f"@{name[:80]}: {e.strerror or e}; not attached")
     if blocks:
         text = text + "\n\n" + "\n\n".join(blocks)
-    return text, attached
+    return text, attached, notes
+
+
+def _mention_text(p: Path, name: str) -> tuple[str | None, str]:
+    """The text to attach for ``p`` (None when it is not text) and a note for the user."""
+    with open(p, "rb") as f:
+        if b"\0" in f.read(8192):
+            return None, f"@{name}: not a text file; not attached"
+    try:
+        with open(p, encoding="utf-8") as f:
+            body = f.read(MENTION_MAX + 1)  # never the whole of a huge file
+    except UnicodeDecodeError:
+        return None, f"@{name}: not a text file (not UTF-8); not attached"
+    if len(body) <= MENTION_MAX:
+        return body, ""
+    size = p.stat().st_size
+    body = body[:MENTION_MAX] + f"\n[truncated: the first {MENTION_MAX} characters of {size} bytes; use read for the rest]"
+    return body, f"@{name}: attached the first {MENTION_MAX} characters only (the file has {size} bytes)"
 
 
 class Agent:
@@ -98,9 +145,11 @@ class Agent:
 
     # -- one user request, until the model stops calling tools ----------------------------------
     def run(self, text: str) -> Iterator[AgentEvent]:
-        text, attached = attach_mentions(text, self.ws)
+        text, attached, notes = attach_mentions(text, self.ws)
         for name in attached:
             yield AgentEvent("attached", name)
+        for note in notes:
+            yield AgentEvent("note", note)
         messages: list[dict] = [{"role": "user", "content": text}]
         for _ in range(MAX_STEPS):
             if self._near_full():
@@ -222,6 +271,23 @@ class Agent:
         if self._system_blob is not None:
             conv.session.restore(self._system_blob)
         self._last_call = None
+
+    def adopt_session(self) -> str:
+        """After a saved session was loaded into the conversation's KV: take it over, and say
+        what it was, "agent" or "chat". A chat session announced no tools, so it is rendered
+        again after the agent's own system prompt (restored from its snapshot; only the chat's
+        messages are prefilled on the next turn) and the model learns of its tools. The chat's
+        system text, if any, gives way to the agent's."""
+        conv = self.conv
+        conv.adopt_session()
+        if conv.tools:
+            return "agent"
+        messages = [m for m in conv.messages if m["role"] != "system"]
+        conv.system, conv.tools = system_prompt(self.ws), [t.schema() for t in self.tools.values()]
+        self.new_conversation()
+        conv.transcript.append(*messages)
+        conv.dirty = True  # the saved file is the chat's; this is a new agent conversation
+        return "chat"
 
 
 def event_json(ev: AgentEvent) -> str:

@@ -301,3 +301,109 @@ def test_tty_approver_answers_and_rendering(tmp_path) -> None:
     assert "edit src/app.py" in out.stream.getvalue()
     colored = color_diff("--- a/x\n+++ b/x\n@@ -1 +1 @@\n-old\n+new\n")
     assert "\x1b[31m-old" in colored and "\x1b[32m+new" in colored
+
+
+# -- @mentions that are not attached say why ------------------------------------------------------
+
+def test_mentions_that_cannot_be_attached_say_why(tmp_path) -> None:
+    from ds4agent.agent import MENTION_MAX, attach_mentions
+
+    root = tmp_path / "ws"
+    (root / "src").mkdir(parents=True)
+    (root / "src" / "app.py").write_text("def main():\n    return 1\n")
+    (root / "logo.png").write_bytes(b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR")
+    (root / "latin1.txt").write_bytes(b"caf\xe9\n")
+    (root / "big.txt").write_text("x" * (MENTION_MAX + 50))
+    (tmp_path / "secret.txt").write_text("s3cret")
+    ws = Workspace(root)
+
+    def notes(message: str) -> list[str]:
+        return attach_mentions(message, ws)[2]
+
+    assert notes("look at @nosuchfile") == ["@nosuchfile: no such file in the workspace; not attached"]
+    assert "outside the workspace" in notes("compare with @../secret.txt")[0]
+    assert "s3cret" not in attach_mentions("compare with @../secret.txt", ws)[0]
+    assert "is a directory" in notes("everything in @src")[0]
+    assert "not a text file" in notes("what is @logo.png")[0]
+    assert "not UTF-8" in notes("fix @latin1.txt")[0]
+    assert "too long" in notes("@" + "a" * 300)[0]  # the OS refuses the name: a note, not an OSError
+    text, attached, found = attach_mentions("summarise @big.txt", ws)
+    assert attached == ["big.txt"] and len(found) == 1 and f"first {MENTION_MAX} characters" in found[0]
+    assert "[truncated:" in text
+    # Not meant as files: e-mail addresses, code (decorators, npm scopes) in backticks.
+    assert notes("mail me@example.com, use `@property` or\n```\n@app.route('/')\n```\n") == []
+    # A sentence may end right after the path.
+    text, attached, found = attach_mentions("Explain @src/app.py.", ws)
+    assert attached == ["src/app.py"] and found == [] and "def main()" in text
+    # Each file once, whatever the spelling.
+    assert attach_mentions("@src/app.py and @./src/app.py", ws)[1] == ["src/app.py"]
+
+
+def test_mention_notes_reach_the_user(engine, ws) -> None:
+    a = _make(engine, ws)
+    Script(a, ["ok</think>Seen." + EOS])
+    events = list(a.run("explain @nosuchfile please"))
+    assert any(e.kind == "note" and "@nosuchfile: no such file" in e.text for e in events)
+
+
+# -- chat and agent sessions in one store: each kind is shown and said ----------------------------
+
+def test_session_kinds_are_saved_listed_and_said(engine, ws, tmp_path) -> None:
+    import io
+    from types import SimpleNamespace
+
+    from ds4agent.conversation import Conversation
+    from ds4agent.ui.agent_ui import AgentCommands, pick_session, resume
+    from ds4agent.ui.chat import ID_CHARS, ChatCommands, Out
+
+    store = SessionStore(tmp_path / "sessions")
+    out = Out(io.StringIO(), tty=False)
+    # An agent session, saved from the agent.
+    a = _make(engine, ws)
+    Script(a, ["ok</think>Agent answer." + EOS])
+    list(a.run("agent task"))
+    AgentCommands(a, store, out, lambda q: False).save()
+    # A chat session, saved from the chat.
+    conv = Conversation(engine, mode="chat", max_tokens=50)
+    Script(SimpleNamespace(conv=conv), ["Chat answer." + EOS])
+    list(conv.turn("chat question"))
+    chat = ChatCommands(conv, store, out, lambda q: False)
+    chat.save()
+    kinds = {i.title: i.reason for i in store.list()}
+    assert kinds["agent task"] == "agent-session" and kinds["chat question"] == "continued"
+    by_title = {i.title: i.sha for i in store.list()}
+
+    out.stream = io.StringIO()
+    chat.cmd_list("")
+    listing = out.stream.getvalue()
+    assert ID_CHARS == 12
+    for title, sha in by_title.items():
+        line = next(ln for ln in listing.splitlines() if title in ln)
+        assert line.split()[0] == sha[:ID_CHARS] and line.split()[1] == ("agent" if "agent" in title else "chat")
+    out.stream = io.StringIO()
+    pick_session(store, None, out)
+    picker = out.stream.getvalue()
+    for title, sha in by_title.items():
+        line = next(ln for ln in picker.splitlines() if title in ln)
+        assert sha[:ID_CHARS] + " " in line and ("agent" if "agent" in title else "chat") in line.split()
+
+    # The chat session resumed in the agent: said, and the agent's prompt and tools are back.
+    b = _make(engine, ws)
+    out.stream = io.StringIO()
+    assert resume(b, store, by_title["chat question"], out)
+    assert "resumed a chat session in the agent" in out.stream.getvalue() and "tools" in out.stream.getvalue()
+    assert b.conv.tools and b.conv.messages[0]["role"] == "system" and b.conv.messages[0].get("tools")
+    assert [m["content"] for m in b.conv.messages if m["role"] == "user"] == ["chat question"]
+    assert b.conv.mode == "chat"  # the session's thinking mode is kept
+    Script(b, ["Reading." + call("read", path="src/app.py"), "Read it." + EOS])
+    assert any(e.kind == "tool" and e.ok for e in b.run("read the app"))
+    _consistent(b)
+    # An agent session resumed in the agent: nothing to say about kinds.
+    out.stream = io.StringIO()
+    assert resume(b, store, by_title["agent task"], out)
+    assert "session in the agent" not in out.stream.getvalue()
+    # The agent session switched to in the chat: said, its tools do not run there.
+    out.stream = io.StringIO()
+    chat.cmd_switch(by_title["agent task"][:ID_CHARS])
+    said = out.stream.getvalue()
+    assert "resumed an agent session in the chat" in said and f"ds4 agent --resume {by_title['agent task'][:ID_CHARS]}" in said

@@ -9,7 +9,7 @@ from typing import IO, Callable
 from ..agent import Agent, AgentEvent, event_json
 from ..sessions import SessionStore, StoreError
 from ..tools import MODES, Request
-from .chat import COMMANDS, RESET, ChatCommands, Out, Renderer, _ago, _k, run_tty
+from .chat import COMMANDS, ID_CHARS, RESET, ChatCommands, Out, Renderer, _ago, _k, run_tty, session_kind
 
 GREEN, RED, YELLOW = "\x1b[32m", "\x1b[31m", "\x1b[33m"
 
@@ -45,6 +45,9 @@ class AgentCommands(ChatCommands):
         self.offer_save()
         self.agent.new_conversation()
         self.out.note("new conversation (the system prompt is cached: no prefill)")
+
+    def after_resume(self, sha: str) -> None:
+        _take_over(self.agent, self.out)
 
     def cmd_compact(self, arg: str) -> None:
         for ev in self.agent.compact():
@@ -106,6 +109,8 @@ def _show(ev: AgentEvent, r: Renderer, out: Out, show_thinking: bool) -> Rendere
         out.note(f"context compacted; summary: {ev.text}")
     elif ev.kind == "attached":
         out.note(f"attached {ev.text}")
+    elif ev.kind == "note":
+        out.note(ev.text)
     elif ev.kind == "error":
         out.note(ev.text, error=True)
     return r
@@ -150,7 +155,8 @@ def pick_session(store: SessionStore, ask_text: Callable[[str], str] | None, out
         out.note(f"no saved sessions in {store.dir}", error=True)
         return None
     for n, i in enumerate(infos, 1):
-        out.line(f"  {n:>2}. {i.sha[:10]}  {_ago(i.last_used):>9}  {_k(i.tokens):>6} tok  {i.title}")
+        out.line(f"  {n:>2}. {i.sha[:ID_CHARS]}  {session_kind(i.reason):<5}  {_ago(i.last_used):>9}  "
+                 f"{_k(i.tokens):>6} tok  {i.title}")
     if ask_text is None:
         return None
     answer = ask_text("Resume which session? [1]: ") or "1"
@@ -167,7 +173,17 @@ def resume(agent: Agent, store: SessionStore, sha_prefix: str, out: Out) -> bool
     except StoreError as e:
         out.note(str(e), error=True)
         return False
-    agent.conv.adopt_session()
-    out.note(f"resumed {sha[:12]}: {info.title} ({_k(info.tokens)} tokens, no prefill needed)")
+    out.note(f"resumed {sha[:ID_CHARS]}: {info.title} ({_k(info.tokens)} tokens, no prefill needed)")
+    _take_over(agent, out)
     return True
+
+
+def _take_over(agent: Agent, out: Out) -> None:
+    """The loaded session becomes the agent's (adopting it again after /switch adopted it as a
+    chat would is harmless: both read the same KV); a chat session is said to be one."""
+    kind = agent.adopt_session()
+    if kind == "chat":
+        n = len(agent.conv.transcript.tokens) - len(agent.conv.session.tokens)
+        out.note(f"resumed a chat session in the agent: it continues under the agent's system prompt, so tools are "
+                 f"now available ({_k(n)} tokens to prefill on the next turn)")
 

@@ -41,6 +41,20 @@ KEYS_HELP = ("Enter sends; Alt+Enter (or Esc then Enter) adds a line; pasting ke
              "for the next prompt; Ctrl+D leaves.")
 
 
+ID_CHARS = 12  # hex digits of a session id shown anywhere (/save, /list, /switch, the agent's picker)
+
+
+def session_kind(reason: str) -> str:
+    """What a saved session is, from its save reason: "agent" or "chat"."""
+    return "agent" if reason == "agent-session" else "chat"
+
+
+def save_reason(conv: Conversation) -> str:
+    # A conversation that announces tools is an agent's, whichever program saves it, so its
+    # kind in /list stays true after a chat resumed it.
+    return "agent-session" if conv.tools else "continued"
+
+
 def _k(n: int) -> str:
     return str(n) if n < 1000 else (f"{n // 1000}k" if n % 1000 == 0 else f"{n / 1000:.1f}k")
 
@@ -104,12 +118,12 @@ class ChatCommands:
             return
         self.conv.sync_for_save()
         try:
-            sha = self.store.save(self.conv.session, "continued")
+            sha = self.store.save(self.conv.session, save_reason(self.conv))
         except StoreError as e:
             self.out.note(f"save failed: {e}", error=True)
             return
         self.conv.dirty = False
-        self.out.note(f"saved {sha[:12]} ({_k(len(self.conv.session.tokens))} tokens) in {self.store.dir}")
+        self.out.note(f"saved {sha[:ID_CHARS]} ({_k(len(self.conv.session.tokens))} tokens) in {self.store.dir}")
 
     def run(self, line: str) -> None:
         cmd, _, arg = line.strip().partition(" ")
@@ -178,7 +192,8 @@ class ChatCommands:
             return
         for i in infos[:30]:
             flag = " (text only)" if i.stripped else ""
-            self.out.line(f"  {i.sha[:12]}  {_ago(i.last_used):>9}  {_k(i.tokens):>6} tok  {i.title}{flag}")
+            self.out.line(f"  {i.sha[:ID_CHARS]}  {session_kind(i.reason):<5}  {_ago(i.last_used):>9}  "
+                          f"{_k(i.tokens):>6} tok  {i.title}{flag}")
 
     def cmd_switch(self, arg: str) -> None:
         if not arg:
@@ -196,8 +211,15 @@ class ChatCommands:
             self.out.note(str(e), error=True)
             return
         self.conv.adopt_session()
-        self.out.note(f"resumed {sha[:12]}: {info.title} ({_k(info.tokens)} tokens, no prefill needed)")
+        self.out.note(f"resumed {sha[:ID_CHARS]}: {info.title} ({_k(info.tokens)} tokens, no prefill needed)")
+        self.after_resume(sha)
         self.show_history(2)
+
+    def after_resume(self, sha: str) -> None:
+        """Say so when the session resumed is the other program's (the agent overrides this)."""
+        if self.conv.tools:
+            self.out.note(f"resumed an agent session in the chat: its tools do not run here (continue it with "
+                          f"'ds4 agent --resume {sha[:ID_CHARS]}')")
 
     def cmd_new(self, arg: str) -> None:
         self.offer_save()
