@@ -152,6 +152,34 @@ def test_bash_failure_and_timeout(ws) -> None:
     assert not r.ok and "timed out after 1 s" in r.text and "started" in r.text
 
 
+def test_bash_stops_when_the_user_stops_the_agent(ws, tmp_path) -> None:
+    """Esc / Ctrl+C set ws.stop (the command's own process group never sees the SIGINT): the
+    command and what it started are killed at once, not at the time limit."""
+    import threading
+
+    marker = tmp_path / "child.pid"
+    timer = threading.Timer(0.5, ws.stop.set)
+    timer.start()
+    t = time.monotonic()
+    try:
+        r = bash(ws, {"command": f"echo started; sleep 60 & echo $! > {marker}; wait", "timeout": 120})
+    finally:
+        timer.cancel()
+        ws.stop.clear()
+    assert time.monotonic() - t < 10
+    assert not r.ok and "stopped by the user" in r.text and "started" in r.text
+    pid = int(marker.read_text())
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail("the command's child outlived the stop")
+
+
 def test_background_job_status_and_kill(ws) -> None:
     jobs = Jobs()
     r = bash(ws, {"command": "echo ready; sleep 60", "background": True}, jobs)

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import subprocess
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -59,6 +60,9 @@ class Workspace:
     # What the model was last shown of each file: path -> (mtime_ns, size, text). Line edits are
     # only accepted against an unchanged file the model has read.
     seen: dict[str, tuple[int, int, str]] = field(default_factory=dict)
+    # Set when the user stops the agent (the conversation's stop flag): a running shell
+    # command is then killed instead of running on to its time limit.
+    stop: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
 
     @classmethod
     def discover(cls, cwd: str | os.PathLike[str] | None = None) -> "Workspace":

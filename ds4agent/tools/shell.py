@@ -128,22 +128,32 @@ def bash(ws: Workspace, args: dict, jobs: Jobs = JOBS) -> ToolResult:
     out_path = _spill_dir() / f"run-{time.monotonic_ns()}.log"
     proc = _start(ws, command, out_path)
     started = time.monotonic()
-    try:
-        code = proc.wait(timeout=timeout)
-        timed_out = False
-    except subprocess.TimeoutExpired:
-        _kill(proc)
-        code, timed_out = proc.returncode, True
+    timed_out = stopped = False
+    # Polled rather than one wait: Esc / Ctrl+C only set ws.stop (the command runs in its own
+    # process group, so the terminal's SIGINT never reaches it), and the user should not wait
+    # for the time limit after stopping the agent.
+    while True:
+        try:
+            code = proc.wait(timeout=0.1)
+            break
+        except subprocess.TimeoutExpired:
+            if ws.stop.is_set() or time.monotonic() - started >= timeout:
+                stopped, timed_out = ws.stop.is_set(), not ws.stop.is_set()
+                _kill(proc)
+                code = proc.returncode
+                break
     elapsed = time.monotonic() - started
     text = out_path.read_text(encoding="utf-8", errors="replace")
     out_path.unlink(missing_ok=True)
     body = cap_output(text, f"output-{time.monotonic_ns()}.log")
-    if timed_out:
+    if stopped:
+        status = "stopped by the user and killed"
+    elif timed_out:
         status = f"timed out after {timeout} s and was killed"
     else:
         status = f"exit status {code}"
     result = (body + "\n" if body else "") + f"[{status}; {elapsed:.1f} s]"
-    return ToolResult(result, f"$ {command}  ({status})", ok=not timed_out and code == 0)
+    return ToolResult(result, f"$ {command}  ({status})", ok=not (timed_out or stopped) and code == 0)
 
 
 def job(ws: Workspace, args: dict, jobs: Jobs = JOBS) -> ToolResult:
