@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from .conversation import Conversation
+from .conversation import ContextError, Conversation
 from .engine import Engine, SamplingParams
 from .tools import Approver, Policy, ToolError, Workspace, all_tools, run_tool
 
@@ -25,6 +25,12 @@ MENTION = re.compile(r"(?<![\w/.])@([\w./-]+)")
 MENTION_MAX = 100_000  # characters of one attached file
 # Code spans and fenced blocks: an @ there is a decorator or a package scope, not a mention.
 _CODE = re.compile(r"```.*?(?:```|\Z)|`[^`\n]*`", re.S)
+# Why a run ended (the "done" event's ``stop``; headless exit statuses in ui/agent_ui.py):
+# end_turn: the model answered without calling tools; max_tokens: a model turn reached the token
+# limit (-n); context: the context is full; refused: the model finished, but actions it tried were
+# refused for want of approval; error: the run failed (too many steps); interrupted: the user.
+STOP_REASONS = ("end_turn", "max_tokens", "context", "refused", "error", "interrupted")
+_FINISH_STOP = {"eos": "end_turn", "length": "max_tokens", "context": "context"}  # TurnEvent.finish
 
 SYSTEM_PROMPT = """You are ds4agent, a coding assistant working inside the user's repository at {root}.
 
@@ -44,12 +50,13 @@ COMPACT_REQUEST = ("Summarise this conversation for your own future reference: t
 
 @dataclass
 class AgentEvent:
-    kind: str  # reasoning | content | call_start | tool | refused | compacted | done | error | prefill
+    kind: str  # reasoning | content | call_start | tool | refused | compacted | done | error | prefill | ...
     text: str = ""
     detail: str = ""
     ok: bool = True
     done: int = 0
     total: int = 0
+    stop: str = ""  # on "done": one of STOP_REASONS
 
 
 def project_notes(root: Path) -> str:
@@ -137,46 +144,107 @@ class Agent:
         self.policy = policy
         self.approve = approve
         self.tools = all_tools()
+        self._refusals = 0  # actions refused by the policy during the current run
         self.conv = Conversation(engine, mode=mode, system=system_prompt(ws), sampling=sampling,
                                  max_tokens=max_tokens, tools=[t.schema() for t in self.tools.values()])
+        self.conv.stop = ws.stop  # one flag: stopping the agent also kills a running shell command
         self._last_call: tuple[str, str] | None = None
         self._dsml_error: str | None = None
         self._system_blob: bytes | None = None  # KV snapshot of the system prompt (see prime)
+        self._held: tuple | None = None  # tool results waiting after an interrupt (_hold_results)
 
     # -- one user request, until the model stops calling tools ----------------------------------
     def run(self, text: str) -> Iterator[AgentEvent]:
+        """The events of one user request. The last is always "done", whose ``stop`` says why
+        the run ended (STOP_REASONS) and whose text explains any stop but end_turn."""
+        self._refusals = 0
+        self.conv.stop.clear()  # a stop asked for before this request is not meant for it
+        try:
+            stop = yield from self._steps(text)
+        except ContextError as e:  # the request, or a step's tool results, cannot fit the context
+            yield AgentEvent("error", str(e), ok=False)
+            stop = "context"
+        if stop == "end_turn" and self._refusals and self.approve is None:
+            stop = "refused"
+        yield AgentEvent("done", self._stop_text(stop), stop=stop)
+
+    def _stop_text(self, stop: str) -> str:
+        if stop == "max_tokens":
+            last = self.conv.messages[-1] if self.conv.messages else {}
+            still = "; it was still reasoning, so there is no answer" if not (last.get("content") or "").strip() else ""
+            return f"stopped: the model reached the token limit ({self.conv.max_tokens} per turn, -n) before it finished{still}"
+        if stop == "context":
+            return f"stopped: the context ({self.conv.ctx} tokens, --ctx) is full"
+        if stop == "refused":
+            n = self._refusals
+            return f"{n} action{'s' if n > 1 else ''} needed an approval that no one can give here (see --approval)"
+        return ""
+
+    def _steps(self, text: str) -> Iterator[AgentEvent]:
+        """The model's steps for one request; returns the stop reason."""
         text, attached, notes = attach_mentions(text, self.ws)
         for name in attached:
             yield AgentEvent("attached", name)
         for note in notes:
             yield AgentEvent("note", note)
-        messages: list[dict] = [{"role": "user", "content": text}]
+        messages: list[dict] = self._held_results() + [{"role": "user", "content": text}]
         for _ in range(MAX_STEPS):
-            if self._near_full():
-                yield from self.compact(messages)
-                messages = []
+            if self.conv.stop.is_set():  # stopped between steps (the last tool call, a compaction)
+                self._hold_results([m for m in messages if m["role"] == "tool"], [])
+                yield AgentEvent("interrupted", "interrupted")
+                return "interrupted"
+            if self._near_full() and (yield from self.compact(messages)):
+                messages = []  # sent with the compaction turn, and kept in its tail
             self._dsml_error = None
-            yield from self._generate(messages)
+            finish = yield from self._generate(messages)
+            if finish in ("interrupted", "withdrawn"):  # the user stopped it (conv.stop)
+                if finish == "withdrawn":  # tool results taken back with the turn still need sending
+                    self._hold_results([m for m in messages if m["role"] == "tool"], [])
+                yield AgentEvent("interrupted", finish)
+                return "interrupted"
             last = self.conv.messages[-1]
             calls = last.get("tool_calls") or []
-            if not calls and self._dsml_error:
+            if not calls and self._dsml_error and finish not in ("length", "context"):
                 # A broken tool block: say what was wrong and let the model write it again.
                 messages = [{"role": "user", "content": f"Your tool call could not be parsed ({self._dsml_error}). "
                              "Write it again in the exact DSML format shown in the system prompt."}]
                 continue
-            if not calls:
-                yield AgentEvent("done")
-                return
+            if not calls:  # an answer, or a turn cut off by a limit (even inside a tool block)
+                return _FINISH_STOP.get(finish, "error")
             messages = []
-            for call in calls:
+            for n, call in enumerate(calls):
+                if self.conv.stop.is_set():  # stopped while an earlier call ran
+                    self._hold_results(messages, calls[n:])
+                    yield AgentEvent("interrupted", "interrupted")
+                    return "interrupted"
                 fn = call["function"]
                 result = yield from self._run_call(fn["name"], fn["arguments"])
                 messages.append({"role": "tool", "tool_call_id": call.get("id") or "", "content": result})
         yield AgentEvent("error", f"stopped after {MAX_STEPS} tool steps without a final answer", ok=False)
+        return "error"
+
+    def _hold_results(self, done: list[dict], not_run: list[dict]) -> None:
+        """An interrupt between tool calls: the model's calls still need their results (the
+        protocol pairs each call with one), so they wait, with the calls not run marked as
+        such, and go out in front of the user's next message (the template merges both into
+        one user turn). Kept only while the transcript is still the one they answer."""
+        results = done + [{"role": "tool", "tool_call_id": c.get("id") or "",
+                           "content": "error: not run: the user interrupted the agent"} for c in not_run]
+        self._held = (self.conv.transcript, len(self.conv.transcript.tokens), results)
+
+    def _held_results(self) -> list[dict]:
+        held, self._held = self._held, None
+        if held is None or held[0] is not self.conv.transcript or held[1] != len(held[0].tokens):
+            return []  # the conversation moved on (/new, /switch, compaction): they answer nothing
+        return held[2]
 
     def _generate(self, messages: list[dict]) -> Iterator[AgentEvent]:
+        """Stream one model answer; returns its finish reason (TurnEvent.finish)."""
+        finish = ""
         for ev in self.conv.turn_with(*messages):
-            if ev.kind in ("reasoning", "content"):
+            if ev.kind == "done":
+                finish = ev.finish
+            elif ev.kind in ("reasoning", "content"):
                 yield AgentEvent(ev.kind, ev.text)
             elif ev.kind == "prefill":
                 yield AgentEvent("prefill", done=ev.done, total=ev.total)
@@ -185,6 +253,7 @@ class Agent:
             elif ev.kind == "dsml_error":
                 self._dsml_error = ev.text
                 yield AgentEvent("error", f"malformed tool call: {ev.text}", ok=False)
+        return finish
 
     def _run_call(self, name: str, arguments: str) -> Iterator[AgentEvent]:
         """Run one call (generator returning the result text for the model)."""
@@ -197,6 +266,7 @@ class Agent:
         self._last_call = key
         result, decision = run_tool(self.tools, name, arguments, self.ws, self.policy, self.approve)
         if decision == "refused":
+            self._refusals += 1
             yield AgentEvent("refused", result.summary, ok=False)
         else:
             yield AgentEvent("tool", result.summary, detail=result.detail, ok=result.ok)
@@ -209,25 +279,53 @@ class Agent:
 
     def compact(self, pending: list[dict] | None = None) -> Iterator[AgentEvent]:
         """Replace the conversation by a model-written summary plus its last few messages
-        (``pending`` messages not yet sent are kept verbatim too). Shown to the user."""
+        (``pending`` messages not yet sent are kept verbatim too). Shown to the user.
+
+        Returns True when it compacted. A summary that is empty, cut short (interrupt, token
+        limit, context) or not shorter than what it replaces leaves the conversation exactly
+        as it was, KV included, and says so ("compact_failed"); ``pending`` is then unsent."""
         conv = self.conv
         pending = list(pending or [])
         if not any(m["role"] == "assistant" for m in conv.messages):
-            return  # nothing to summarise yet
+            return False  # nothing to summarise yet
+        mark = conv.mark()
         history = conv.messages + pending
         tail = [m for m in history[-(KEEP_TAIL + len(pending)) :] if m["role"] != "system"]
         while tail and tail[0]["role"] in ("assistant", "tool"):
             tail.pop(0)  # the kept tail starts at a user turn
         summary_parts: list[str] = []
-        for ev in conv.turn_with(*pending, {"role": "user", "content": COMPACT_REQUEST}):
-            if ev.kind == "content":
-                summary_parts.append(ev.text)
-        summary = "".join(summary_parts).strip() or "(no summary was produced)"
-        self.new_conversation()
-        conv.transcript.append({"role": "user", "content": "Summary of the work so far:\n" + summary},
-                               {"role": "assistant", "content": "Understood; continuing from that summary."}, *tail)
+        finish = ""
+        try:
+            for ev in conv.turn_with(*pending, {"role": "user", "content": COMPACT_REQUEST}):
+                if ev.kind == "content":
+                    summary_parts.append(ev.text)
+                elif ev.kind == "done":
+                    finish = ev.finish
+        except ContextError:
+            finish = "context"  # not even the request fits: nothing was changed by the turn
+        summary = "".join(summary_parts).strip()
+        if finish in ("interrupted", "withdrawn"):
+            why = "the summary was interrupted"
+        elif finish == "length":
+            why = "the summary reached the token limit (-n)"
+        elif finish == "context":
+            why = "the context is too full to write a summary"
+        else:
+            why = "" if summary else "no summary was produced"
+        if not why:
+            before = mark.n_tokens
+            self.new_conversation()
+            conv.transcript.append({"role": "user", "content": "Summary of the work so far:\n" + summary},
+                                   {"role": "assistant", "content": "Understood; continuing from that summary."}, *tail)
+            if len(conv.transcript.tokens) >= before:
+                why = "the summary was not shorter than the conversation"
+        if why:
+            conv.restore(mark)
+            yield AgentEvent("compact_failed", f"not compacted: {why}; the conversation is unchanged", ok=False)
+            return False
         conv.dirty = True
         yield AgentEvent("compacted", summary)
+        return True
 
     # -- the system prompt's KV ------------------------------------------------------------
     def _system_message(self) -> dict:
@@ -300,4 +398,6 @@ def event_json(ev: AgentEvent) -> str:
         d["ok"] = False
     if ev.kind == "prefill":
         d.update(done=ev.done, total=ev.total)
+    if ev.kind == "done":
+        d["stop_reason"] = ev.stop
     return json.dumps(d, ensure_ascii=False)

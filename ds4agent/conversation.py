@@ -1,14 +1,21 @@
 """A conversation with the model: transcript + KV session + streaming parse, no terminal code.
 
-The chat front end (and later the agent) drives it: ``turn(text)`` yields events while the
-answer streams. Each turn prefills only its own suffix (the transcript is append-only). An
-interrupt (KeyboardInterrupt raised anywhere while a turn runs) is settled by ``interrupted()``:
-before the first token the user turn is rolled back; after it, the partial answer stays and is
-closed with an end of sentence, exactly as if the model had stopped there.
+The chat front end and the agent drive it: ``turn(text)`` yields events while the answer
+streams. Each turn prefills only its own suffix (the transcript is append-only).
+
+Stopping a turn: a front end sets ``stop`` (a threading.Event; key and signal handlers may set
+it from anywhere) and the turn ends at the next token or prefill-chunk boundary, never inside a
+model step. Before the first sampled token the user turn is withdrawn and the KV returns to its
+checkpoint from before the turn (no re-prefill); after it, the partial answer stays and is
+closed with an end of sentence, exactly as if the model had stopped there. A KeyboardInterrupt
+that still lands inside a turn (pipe mode has no handler) is settled the same way by
+``interrupted()``; the session's steps are atomic, so it cannot leave the KV and the token list
+disagreeing either.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Iterator
@@ -23,6 +30,10 @@ class TurnEvent:
     text: str = ""
     done: int = 0
     total: int = 0
+    # On "done": why the answer ended: "eos" (the model finished), "length" (the token limit),
+    # "context" (the context is full), "interrupted" (stopped after some output was kept),
+    # "withdrawn" (stopped before any output: the user message was taken back).
+    finish: str = ""
 
 
 @dataclass
@@ -39,6 +50,7 @@ class Stats:
 class _Turn:
     start_tokens: int  # transcript length before the user message
     start_messages: int
+    checkpoint: object  # the session before the turn (Session.checkpoint), for a withdrawal
     sampled: list[int] = field(default_factory=list)
     parser: StreamParser | None = None
     finished: bool = False
@@ -58,6 +70,7 @@ class Conversation:
         self.mode = mode  # "chat" | "thinking" | "max"
         self.stats = Stats()
         self.dirty = False  # changed since the last save or load
+        self.stop = threading.Event()  # set to end the running turn at the next token boundary
         self._turn: _Turn | None = None
         self._new_transcript()
 
@@ -101,15 +114,36 @@ class Conversation:
         self.session = self.engine.session()
         self.session.ctx = ctx
 
+    def mark(self) -> "Mark":
+        """Capture the conversation (transcript, KV, settings) so that ``restore`` can undo
+        whatever follows, e.g. a compaction that produced nothing usable. O(1) in the KV."""
+        t = self.transcript
+        return Mark(t, len(t.messages), len(t.tokens), t.text, self.session.checkpoint(), self.dirty,
+                    self.system, self.tools)
+
+    def restore(self, mark: "Mark") -> None:
+        """Return to ``mark``. The transcript then was append-only since (turns, or a new
+        transcript object replacing it), so truncating the old object restores it."""
+        t = self.transcript = mark.transcript
+        del t.messages[mark.n_messages :]
+        del t.tokens[mark.n_tokens :]
+        t.text = mark.text
+        self.session.rollback(mark.session)
+        self.dirty, self.system, self.tools = mark.dirty, mark.system, mark.tools
+        self._turn = None
+
     # -- a turn -----------------------------------------------------------------------------
     def turn(self, text: str) -> Iterator[TurnEvent]:
         """A user message and the model's answer."""
+        self.stop.clear()  # a stop asked for before this turn is not meant for it
         return self.turn_with({"role": "user", "content": text})
 
     def turn_with(self, *messages: dict) -> Iterator[TurnEvent]:
         """Append ``messages`` (a user message, or tool results) and generate the answer."""
         t = self.transcript
-        self._turn = turn = _Turn(len(t.tokens), len(t.messages))
+        # ``stop`` is not cleared here: an agent request runs several turns, and a stop asked
+        # for during its tool calls is meant for the next one (turn() and Agent.run clear it).
+        self._turn = turn = _Turn(len(t.tokens), len(t.messages), self.session.checkpoint())
         new = list(messages)
         if not t.messages and self.system:
             new.insert(0, {"role": "system", "content": self.system, **({"tools": self.tools} if self.tools else {})})
@@ -120,12 +154,20 @@ class Conversation:
             raise ContextError(f"the conversation ({len(t.tokens)} tokens) does not fit the context of {self.ctx}; "
                                "use /new or /ctx N")
         yield from self._prefill(t.tokens)
+        if self.stop.is_set():
+            self._rollback()
+            yield TurnEvent("done", finish="withdrawn")
+            return
         render_mode, _ = self._render_mode()
         turn.parser = StreamParser(render_mode)
-        gen_time = 0.0
+        gen_time, finish = 0.0, "length"  # (a limit of 0 tokens yields no step)
+        self.stats.gen_tokens, self.stats.gen_tps = 0, 0.0
         for step in self.session.generate(self.sampling, max_tokens=self.max_tokens):
             gen_time += step.seconds
             turn.sampled.append(step.token)
+            # Counted as they come, so that an interrupted turn reports what it produced.
+            self.stats.gen_tokens = len(turn.sampled)
+            self.stats.gen_tps = len(turn.sampled) / gen_time if gen_time > 0 else 0.0
             for ev in turn.parser.feed(self.tok.token_bytes(step.token)):
                 if ev.kind in ("reasoning", "content"):
                     yield TurnEvent(ev.kind, ev.text)
@@ -135,10 +177,13 @@ class Conversation:
                     yield TurnEvent("call", f"{ev.name} {ev.arguments}")
                 elif ev.kind == "error":
                     yield TurnEvent("dsml_error", ev.text)
-        self.stats.gen_tokens = len(turn.sampled)
-        self.stats.gen_tps = len(turn.sampled) / gen_time if gen_time > 0 else 0.0
+            if step.finish:
+                finish = step.finish
+            elif self.stop.is_set():
+                finish = "interrupted"
+                break  # the sampled token is kept; it is not evaluated (as after any turn)
         self._close_turn()
-        yield TurnEvent("done")
+        yield TurnEvent("done", finish=finish)
 
     def _prefill(self, ids: list[int]) -> Iterator[TurnEvent]:
         """Prefill what the KV lacks, chunk by chunk, yielding progress between chunks (each
@@ -154,6 +199,8 @@ class Conversation:
         for end in range(start + chunk, len(ids) + chunk, chunk):
             self.session.sync(ids[: min(end, len(ids))])
             yield TurnEvent("prefill", done=min(end, len(ids)) - start, total=total)
+            if self.stop.is_set():
+                return
         seconds = time.perf_counter() - t0
         self.stats.prefill_tokens, self.stats.prefill_tps = total, total / seconds if seconds > 0 else 0.0
 
@@ -161,7 +208,6 @@ class Conversation:
         turn = self._turn
         if turn is None or turn.finished:
             return
-        turn.finished = True
         tail = turn.parser.finish() if turn.parser else []
         result = next((e.result for e in tail if e.kind == "result"), None)
         sampled = list(turn.sampled)
@@ -186,6 +232,7 @@ class Conversation:
                 message["reasoning_content"] = reasoning
             sampled += ([think_close] if in_reasoning else []) + [eos]
         self.transcript.append_sampled(message, sampled)
+        turn.finished = True  # only now: an interrupt before this point settles the turn again
         self.stats.turns += 1
         self.stats.total_generated += len(turn.sampled)
 
@@ -209,7 +256,9 @@ class Conversation:
         del t.messages[turn.start_messages :]
         del t.tokens[turn.start_tokens :]
         t.text = self.tok.decode(t.tokens) if t.tokens else ""
-        # The KV may hold the rolled-back prompt: the next sync sees a non-extension and resets.
+        # Back to the KV from before the turn: the withdrawn prompt may have been partly
+        # prefilled, and the next turn should extend the old state, not prefill everything.
+        self.session.rollback(turn.checkpoint)
 
     # -- sessions ---------------------------------------------------------------------------
     def sync_for_save(self) -> None:
@@ -235,6 +284,18 @@ class Conversation:
 
 class ContextError(ValueError):
     pass
+
+
+@dataclass(frozen=True)
+class Mark:
+    transcript: Transcript
+    n_messages: int
+    n_tokens: int
+    text: str
+    session: object  # Session.checkpoint()
+    dirty: bool
+    system: str | None
+    tools: list[dict] | None
 
 
 def _split_partial(text: str, in_reasoning: bool) -> tuple[str, str]:

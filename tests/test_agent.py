@@ -179,17 +179,65 @@ def test_interrupt_keeps_transcript_consistent(engine, ws) -> None:
 
 
 def test_compaction(engine, ws, monkeypatch) -> None:
-    monkeypatch.setattr(agent_mod, "COMPACT_AT", 0.0)  # compact before every step after the first message
     a = _make(engine, ws)
-    # Step 1 calls a tool; before step 2 the conversation is compacted (the summary is a model
-    # turn of its own), then step 2 answers.
-    Script(a, ["look</think>" + call("read", path="src/app.py"),
-               "summarising</think>Read src/app.py: main returns 1." + EOS, "ok</think>Done." + EOS])
+    for n in range(3):  # earlier exchanges, long enough that a summary is shorter than them
+        Script(a, ["ok</think>" + f"Answer {n}: " + "a long explanation " * 60 + EOS])
+        list(a.run(f"question {n}"))
+    monkeypatch.setattr(agent_mod, "COMPACT_AT", 0.0)  # compact before every step
+    # Before step 1 the conversation is compacted (the summary is a model turn of its own);
+    # step 1 calls a tool; before step 2 the now short conversation cannot be made shorter
+    # (that summary is refused and nothing changes); step 2 answers.
+    Script(a, ["summarising</think>Three answers were long explanations." + EOS,
+               "look</think>" + call("read", path="src/app.py"),
+               "summarising</think>Answers were explanations; read src/app.py: main returns 1, "
+               "and much more detail than the conversation itself holds. " * 8 + EOS,
+               "ok</think>Done." + EOS])
     events = list(a.run("what does main return?"))
-    compactions = [e for e in events if e.kind == "compacted"]
-    assert compactions and "main returns 1" in compactions[-1].text
+    kinds = [e.kind for e in events if e.kind in ("compacted", "compact_failed", "tool", "done")]
+    assert kinds == ["compacted", "tool", "compact_failed", "done"]
+    assert "not shorter" in next(e.text for e in events if e.kind == "compact_failed")
+    assert "Three answers" in next(e.text for e in events if e.kind == "compacted")
     text = a.conv.transcript.text
     assert "Summary of the work so far:" in text and text.count("<｜User｜>") <= 6
+    _consistent(a)
+
+
+@pytest.mark.parametrize("summary", ["only reasoning</think>" + EOS, "thinking and thinking", "</think>  \n" + EOS])
+def test_compaction_without_a_summary_changes_nothing(engine, ws, summary) -> None:
+    """An empty summary, or one cut off by the token limit, leaves the conversation (and its
+    KV) exactly as it was, and says so."""
+    a = _make(engine, ws)
+    Script(a, ["look</think>" + call("read", path="src/app.py"), "ok</think>main returns 1." + EOS])
+    list(a.run("what does main return?"))
+    a.conv.sync_for_save()
+    before = (list(a.conv.transcript.tokens), list(a.conv.messages), a.conv.session.snapshot())
+    Script(a, [summary])
+    events = list(a.compact())
+    assert [e.kind for e in events] == ["compact_failed"] and "unchanged" in events[0].text
+    assert (a.conv.transcript.tokens, a.conv.messages, a.conv.session.snapshot()) == before
+    _consistent(a)
+    Script(a, ["ok</think>Still here." + EOS])
+    assert [e.kind for e in a.run("go on")][-1] == "done"
+
+
+def test_compaction_stopped_by_the_user_changes_nothing(engine, ws) -> None:
+    a = _make(engine, ws)
+    Script(a, ["ok</think>main returns 1." + EOS])
+    list(a.run("what does main return?"))
+    before = list(a.conv.transcript.tokens)
+    script = Script(a, ["summary so far: main returns 1 and more text follows" + EOS])
+    real = script.generate
+
+    def stopping(*args, **kw):
+        for i, step in enumerate(real(*args, **kw)):
+            if i == 3:
+                a.conv.stop.set()
+            yield step
+
+    a.conv.session.generate = stopping
+    events = list(a.compact())
+    assert events[-1].kind == "compact_failed" and "interrupted" in events[-1].text
+    assert a.conv.transcript.tokens == before
     _consistent(a)
 
 
@@ -235,12 +283,14 @@ def test_headless_end_to_end(demo_path, repo, tmp_path) -> None:
     env = _env(demo_path, tmp_path)
     base = [sys.executable, "-m", "ds4agent", "agent", "--ctx", "4096", "-n", "8", "--temp", "0"]
     r = subprocess.run(base + ["-p", "hello", "--json"], cwd=repo, env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr
+    # -n 8 cuts the demo's noise off in the middle of its reasoning: not a finished answer.
+    assert r.returncode == 3, r.stderr
     events = [json.loads(line) for line in r.stdout.splitlines()]
-    assert events[-1] == {"type": "done"} and any(e["type"] == "reasoning" for e in events)
+    assert events[-1]["type"] == "done" and events[-1]["stop_reason"] == "max_tokens"
+    assert "token limit" in events[-1]["text"] and any(e["type"] == "reasoning" for e in events)
     r = subprocess.run(base + ["-p", "hello again", "--nothink"], cwd=repo, env=env, capture_output=True, text=True,
                        timeout=600)
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 3 and "ds4: stopped: the model reached the token limit (8 per turn, -n)" in r.stderr
     assert "\x1b[" not in r.stdout
     r = subprocess.run(base + ["--resume"], cwd=repo, env=env, capture_output=True, text=True, timeout=600, input="")
     assert r.returncode == 2 and "needs a terminal" in r.stderr
@@ -251,7 +301,7 @@ def test_interactive_end_to_end(demo_path, repo, tmp_path) -> None:
     import re
     import sys
 
-    pexpect = pytest.importorskip("pexpect")
+    import pexpect  # the test extra: missing means a broken install, not a skip
     env = _env(demo_path, tmp_path)
     child = pexpect.spawn(sys.executable, ["-m", "ds4agent", "agent", "--ctx", "4096", "-n", "6", "--temp", "0"],
                           cwd=str(repo), env=env, encoding="utf-8", timeout=300, dimensions=(40, 140))
@@ -301,6 +351,77 @@ def test_tty_approver_answers_and_rendering(tmp_path) -> None:
     assert "edit src/app.py" in out.stream.getvalue()
     colored = color_diff("--- a/x\n+++ b/x\n@@ -1 +1 @@\n-old\n+new\n")
     assert "\x1b[31m-old" in colored and "\x1b[32m+new" in colored
+
+
+# -- why a run stopped (headless stop_reason and exit status) ------------------------------------
+
+def _stop(events) -> str:
+    assert events[-1].kind == "done", [e.kind for e in events]
+    assert [e.kind for e in events].count("done") == 1
+    return events[-1].stop
+
+
+def test_stop_reasons(engine, ws, monkeypatch) -> None:
+    a = _make(engine, ws)
+    Script(a, ["ok</think>Done." + EOS])
+    assert _stop(list(a.run("hi"))) == "end_turn"
+    # Cut off by -n while reasoning: the last step's finish is "length", not an end of turn.
+    Script(a, ["still thinking about it"])
+    events = list(a.run("think"))
+    assert _stop(events) == "max_tokens" and a.conv.messages[-1]["role"] == "assistant"
+    # Cut off inside a tool block: the limit, not a malformed call to be written again.
+    Script(a, ['x</think>\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="read">\n<｜DSML｜parameter name="pa'])
+    events = list(a.run("read"))
+    assert _stop(events) == "max_tokens" and "could not be parsed" not in a.conv.transcript.text
+    _consistent(a)
+
+
+def test_stop_reason_refused_and_error(engine, ws, monkeypatch) -> None:
+    a = _make(engine, ws, "auto-edit", None)
+    Script(a, ["run</think>" + call("bash", command="echo hi"), "ok</think>Could not run it." + EOS])
+    assert _stop(list(a.run("run echo"))) == "refused"
+    Script(a, ["ok</think>Fine." + EOS])
+    assert _stop(list(a.run("again"))) == "end_turn"  # a refusal counts for its own run only
+    monkeypatch.setattr(agent_mod, "MAX_STEPS", 1)
+    b = _make(engine, ws)
+    Script(b, ["r</think>" + call("read", path="src/app.py")])
+    events = list(b.run("loop"))
+    assert _stop(events) == "error" and any(e.kind == "error" and "tool steps" in e.text for e in events)
+
+
+def test_stop_reason_context(engine, ws) -> None:
+    a = _make(engine, ws)
+    events = list(a.run("word " * 9000))  # more than the 8192-token context: never reaches the model
+    assert _stop(events) == "context" and any(e.kind == "error" and "does not fit" in e.text for e in events)
+    _consistent(a)
+
+
+def test_done_event_json_names_the_stop_reason() -> None:
+    import json
+
+    from ds4agent.agent import AgentEvent, event_json
+
+    assert json.loads(event_json(AgentEvent("done", stop="max_tokens"))) == {"type": "done", "stop_reason": "max_tokens"}
+
+
+@pytest.mark.parametrize("completion,code,fragment", [
+    ("thinking hard</think>The answer is 42." + EOS, 0, ""),
+    ("thinking and thinking", 3, "token limit"),
+])
+def test_headless_plain_output_and_exit_status(engine, ws, completion, code, fragment) -> None:
+    import io
+
+    from ds4agent.ui.agent_ui import EXIT_CODES, run_headless
+
+    a = _make(engine, ws)
+    Script(a, [completion])
+    out, err = io.StringIO(), io.StringIO()
+    assert run_headless(a, "question", False, out, err) == code
+    if code == 0:
+        assert "The answer is 42." in out.getvalue() and "thinking hard" not in out.getvalue()
+    else:
+        assert fragment in err.getvalue() and "-n" in err.getvalue()
+    assert EXIT_CODES == {"end_turn": 0, "error": 1, "max_tokens": 3, "context": 4, "refused": 5, "interrupted": 130}
 
 
 # -- @mentions that are not attached say why ------------------------------------------------------

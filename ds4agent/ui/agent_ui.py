@@ -9,7 +9,7 @@ from typing import IO, Callable
 from ..agent import Agent, AgentEvent, event_json
 from ..sessions import SessionStore, StoreError
 from ..tools import MODES, Request
-from .chat import COMMANDS, ID_CHARS, RESET, ChatCommands, Out, Renderer, _ago, _k, run_tty, session_kind
+from .chat import COMMANDS, ID_CHARS, RESET, ChatCommands, Out, Renderer, _ago, _k, run_tty, session_kind, stop_note
 
 GREEN, RED, YELLOW = "\x1b[32m", "\x1b[31m", "\x1b[33m"
 
@@ -50,10 +50,18 @@ class AgentCommands(ChatCommands):
         _take_over(self.agent, self.out)
 
     def cmd_compact(self, arg: str) -> None:
-        for ev in self.agent.compact():
-            if ev.kind == "compacted":
-                self.out.note(f"compacted; summary: {ev.text}")
-                return
+        from .keys import stop_on_sigint
+
+        conv = self.agent.conv
+        conv.stop.clear()
+        with stop_on_sigint(conv.stop):  # Ctrl+C ends the summary at a token; nothing changes then
+            for ev in self.agent.compact():
+                if ev.kind == "compacted":
+                    self.out.note(f"compacted; summary: {ev.text}")
+                    return
+                if ev.kind == "compact_failed":
+                    self.out.note(ev.text, error=True)
+                    return
         self.out.note("nothing to compact yet")
 
     def cmd_approval(self, arg: str) -> None:
@@ -79,13 +87,16 @@ def tty_approver(out: Out, ask_text: Callable[[str], str]) -> Callable[[Request]
 
 def run_agent_turn(agent: Agent, text: str, out: Out, show_thinking: bool) -> None:
     r = Renderer(out, show_thinking)
+    note = None
     try:
         for ev in agent.run(text):
+            if ev.kind == "interrupted":  # Esc / Ctrl+C set agent.conv.stop (run_tty)
+                note = stop_note(ev.text)
             r = _show(ev, r, out, show_thinking)
-        r.finish()
+        r.finish(note)
     except KeyboardInterrupt:
         outcome = agent.conv.interrupted()
-        r.finish("interrupted" + ("; your message was withdrawn" if outcome == "rolled back" else ""))
+        r.finish(stop_note("withdrawn" if outcome == "rolled back" else "interrupted"))
 
 
 def _show(ev: AgentEvent, r: Renderer, out: Out, show_thinking: bool) -> Renderer:
@@ -105,6 +116,8 @@ def _show(ev: AgentEvent, r: Renderer, out: Out, show_thinking: bool) -> Rendere
         if ev.detail:
             out.write((color_diff(ev.detail) if out.tty else ev.detail).rstrip("\n") + "\n")
         r = Renderer(out, show_thinking)
+    elif ev.kind == "compact_failed":
+        out.note(ev.text)
     elif ev.kind == "compacted":
         out.note(f"context compacted; summary: {ev.text}")
     elif ev.kind == "attached":
@@ -113,6 +126,10 @@ def _show(ev: AgentEvent, r: Renderer, out: Out, show_thinking: bool) -> Rendere
         out.note(ev.text)
     elif ev.kind == "error":
         out.note(ev.text, error=True)
+    elif ev.kind == "done" and ev.text:  # why the run stopped, unless the model simply finished
+        r.finish()
+        out.note(ev.text)
+        r = Renderer(out, show_thinking)
     return r
 
 
@@ -125,26 +142,35 @@ def run_agent_tty(agent: Agent, store: SessionStore, history_file: Path | None, 
                    make_commands=lambda out, ask: AgentCommands(agent, store, out, ask), runner=runner, **io)
 
 
+# Exit status of `ds4 agent -p` for each stop reason (agent.STOP_REASONS; 2 is a usage error).
+EXIT_CODES = {"end_turn": 0, "error": 1, "max_tokens": 3, "context": 4, "refused": 5, "interrupted": 130}
+
+
 def run_headless(agent: Agent, task: str, as_json: bool, stdout: IO[str], stderr: IO[str]) -> int:
-    """One task to completion without a terminal. Exit 0 when the model finished with an answer."""
-    ok = False
+    """One task to completion without a terminal. The exit status says why it stopped
+    (EXIT_CODES): 0 only when the model finished its answer. The plain transcript hides the
+    reasoning and shows the answers; why a run stopped early goes to stderr."""
     out = Out(stdout, tty=False, err=stderr)
     r = Renderer(out, show_thinking=False)
+    stop = "error"
     try:
         for ev in agent.run(task):
+            if ev.kind == "done":
+                stop = ev.stop
             if as_json:
                 stdout.write(event_json(ev) + "\n")
                 stdout.flush()
             else:
                 r = _show(ev, r, out, show_thinking=False)
-            ok = ev.kind == "done" or (ok and ev.kind != "error")
         if not as_json:
             r.finish()
     except KeyboardInterrupt:
         agent.conv.interrupted()
+        if as_json:
+            stdout.write(event_json(AgentEvent("done", stop="interrupted")) + "\n")
         stderr.write("ds4: interrupted\n")
-        return 130
-    return 0 if ok else 1
+        return EXIT_CODES["interrupted"]
+    return EXIT_CODES.get(stop, EXIT_CODES["error"])
 
 
 def pick_session(store: SessionStore, ask_text: Callable[[str], str] | None, out: Out) -> str | None:

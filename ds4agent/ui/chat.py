@@ -329,12 +329,20 @@ class Renderer:
             self.out.write("\n")  # a blank line before the next prompt
 
 
+def stop_note(finish: str) -> str | None:
+    """The note shown when a turn ended early (TurnEvent.finish)."""
+    return {"interrupted": "interrupted", "withdrawn": "interrupted; your message was withdrawn",
+            "length": "stopped at the token limit (-n)", "context": "stopped: the context is full"}.get(finish)
+
+
 def run_turn(conv: Conversation, text: str, out: Out, show_thinking: bool,
              on_step: Callable[[], None] | None = None) -> None:
-    """One user turn, streamed; Ctrl+C stops the answer and keeps the transcript consistent."""
+    """One user turn, streamed. Esc / Ctrl+C set ``conv.stop`` (see run_tty) and the turn ends
+    at the next token; a KeyboardInterrupt that lands anyway (pipe mode) is settled the same way."""
     r = Renderer(out, show_thinking)
     started = time.perf_counter()
     try:
+        note = None
         for ev in conv.turn(text):
             if ev.kind == "prefill":
                 r.prefill(ev.done, ev.total, started)
@@ -342,12 +350,14 @@ def run_turn(conv: Conversation, text: str, out: Out, show_thinking: bool,
                 r.reasoning(ev.text)
             elif ev.kind == "content":
                 r.content(ev.text)
+            elif ev.kind == "done":
+                note = stop_note(ev.finish)
             if on_step:
                 on_step()
-        r.finish()
+        r.finish(note)
     except KeyboardInterrupt:
         outcome = conv.interrupted()
-        r.finish("interrupted" + ("; your message was withdrawn" if outcome == "rolled back" else ""))
+        r.finish(stop_note("withdrawn" if outcome == "rolled back" else "interrupted"))
     except ContextError as e:
         r.finish()
         out.note(str(e), error=True)
@@ -380,7 +390,10 @@ def run_pipe(conv: Conversation, store: SessionStore, stdin: IO[str], stdout: IO
             if cmds.pending_read is None:
                 continue
             line, cmds.pending_read = cmds.pending_read, None
-        run_turn(conv, line, out, show_thinking)
+        from .keys import stop_on_sigint
+
+        with stop_on_sigint(conv.stop):  # Ctrl+C ends this answer at a token; the next line runs
+            run_turn(conv, line, out, show_thinking)
     return 1 if out.errors else 0
 
 
@@ -489,16 +502,14 @@ def run_tty(conv: Conversation, store: SessionStore, history_file: Path | None, 
             if cmds.pending_read is None:
                 continue
             text, cmds.pending_read = cmds.pending_read, None
-        if not watch:
-            runner(text, out, state, ask_text)
-            continue
-        from .keys import KeyWatcher
+        from .keys import KeyWatcher, stop_on_sigint
 
-        try:
-            with KeyWatcher() as keys:
+        with stop_on_sigint(conv.stop):
+            if not watch:
                 runner(text, out, state, ask_text)
-        except KeyboardInterrupt:  # an Esc that landed just as the turn ended
-            pass
+                continue
+            with KeyWatcher(on_escape=conv.stop.set) as keys:
+                runner(text, out, state, ask_text)
         queued += keys.queued
         draft = keys.partial
     cmds.offer_save()
