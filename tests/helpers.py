@@ -133,3 +133,12 @@ def quantize_act_np(x: np.ndarray, block: int = 32) -> tuple[np.ndarray, np.ndar
     inv = np.where(d != 0, np.float32(1) / np.where(d != 0, d, 1), np.float32(0)).astype(np.float32)
     q = np.rint(blocks * inv[..., None]).astype(np.int8)
     return d, q
+
+
+def convo_session(engine, user: str, extra: str = ""):
+    """A session holding a short rendered conversation (system text, ``user``, the start of
+    the answer plus ``extra``): what the session-store tests save and load."""
+    text = f"<｜begin▁of▁sentence｜>You are terse.<｜User｜>{user}<｜Assistant｜></think>{extra}"
+    s = engine.session()
+    s.sync(engine.tokenizer.encode_rendered(text))
+    return s

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from ds4agent.engine import Engine, SamplingParams
 from ds4agent.sessions.kvfile import KVFileError, read_file, read_header
 from ds4agent.sessions.store import SessionStore, StoreError, title_of
-from helpers import damage
+from helpers import convo_session, damage
 
 
 @pytest.fixture(scope="module")
@@ -25,21 +25,13 @@ def engine(demo_path):
         yield e
 
 
-def _convo(engine, user: str, extra: str = ""):
-    tok = engine.tokenizer
-    text = f"<｜begin▁of▁sentence｜>You are terse.<｜User｜>{user}<｜Assistant｜></think>{extra}"
-    s = engine.session()
-    s.sync(tok.encode_rendered(text))
-    return s
-
-
 def _greedy(s, n=8):
     return [st.token for st in s.generate(SamplingParams(temperature=0), max_tokens=n, stop_at_eos=False)]
 
 
 def test_save_list_load_roundtrip(engine, tmp_path) -> None:
     store = SessionStore(tmp_path / "s")
-    s = _convo(engine, "Tell me   about\n the moon")
+    s = convo_session(engine, "Tell me   about\n the moon")
     sha = store.save(s, "cold")
     assert store.save(s, "cold") == sha  # idempotent
     [info] = store.list()
@@ -93,9 +85,9 @@ def test_switch_runs_no_forward_pass(engine, tmp_path, monkeypatch) -> None:
 
 def test_older_checkpoints_of_the_conversation_are_removed(engine, tmp_path) -> None:
     store = SessionStore(tmp_path)
-    s = _convo(engine, "count")
+    s = convo_session(engine, "count")
     first = store.save(s)
-    other = store.save(_convo(engine, "unrelated"))
+    other = store.save(convo_session(engine, "unrelated"))
     s.sync(s.tokens + engine.tokenizer.encode(" one two"))
     second = store.save(s, "continued")
     shas = {i.sha for i in store.list()}
@@ -104,7 +96,7 @@ def test_older_checkpoints_of_the_conversation_are_removed(engine, tmp_path) -> 
 
 def test_resolve_strip_delete_prefix(engine, tmp_path) -> None:
     store = SessionStore(tmp_path)
-    a, b = _convo(engine, "alpha"), _convo(engine, "beta")
+    a, b = convo_session(engine, "alpha"), convo_session(engine, "beta")
     sa, sb = store.save(a), store.save(b)
     assert store.resolve(sa[:12]) == sa
     common = os.path.commonprefix([sa, sb])
@@ -128,10 +120,10 @@ def test_resolve_strip_delete_prefix(engine, tmp_path) -> None:
 
 def test_budget_evicts_least_valuable_but_never_the_new_file(engine, tmp_path) -> None:
     store = SessionStore(tmp_path)
-    shas = [store.save(_convo(engine, f"topic {i}")) for i in range(3)]
+    shas = [store.save(convo_session(engine, f"topic {i}")) for i in range(3)]
     size = store.list()[0].size
     store.budget_bytes = int(size * 2.5)
-    newest = store.save(_convo(engine, "topic new"))
+    newest = store.save(convo_session(engine, "topic new"))
     left = {i.sha for i in store.list()}
     assert newest in left and len(left) == 2
     assert sum(i.size for i in store.list()) <= store.budget_bytes
@@ -150,8 +142,8 @@ def test_title() -> None:
 @pytest.fixture()
 def saved(engine, tmp_path):
     store = SessionStore(tmp_path / "st")
-    good = store.save(_convo(engine, "keep me"))
-    victim = store.save(_convo(engine, "break me"))
+    good = store.save(convo_session(engine, "keep me"))
+    victim = store.save(convo_session(engine, "break me"))
     return store, good, victim
 
 
@@ -233,7 +225,7 @@ def test_unwritable_directory(engine, tmp_path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("x")
     with pytest.raises(StoreError, match="session directory|not a directory"):
-        SessionStore(blocker / "sessions").save(_convo(engine, "x"))
+        SessionStore(blocker / "sessions").save(convo_session(engine, "x"))
     assert SessionStore(blocker / "sessions").list() == []
 
 
@@ -251,7 +243,7 @@ def test_disk_full_leaves_store_unchanged(engine, saved, monkeypatch) -> None:
 
     monkeypatch.setattr(os, "write", full)
     with pytest.raises(StoreError, match="disk full"):
-        store.save(_convo(engine, "keep me", extra="more text"))
+        store.save(convo_session(engine, "keep me", extra="more text"))
     monkeypatch.setattr(os, "write", real)
     after = {p.name: p.read_bytes() for p in store.dir.iterdir()}
     assert after == before
@@ -305,7 +297,7 @@ _FUZZ_BASE: dict = {}
 def _fuzz_base(engine, tmp_path_factory):
     d = tmp_path_factory.mktemp("fuzzbase")
     store = SessionStore(d)
-    sha = store.save(_convo(engine, "fuzz"), "cold", tool_map={"call_1": b"<dsml>"})
+    sha = store.save(convo_session(engine, "fuzz"), "cold", tool_map={"call_1": b"<dsml>"})
     _FUZZ_BASE["blob"] = store.path(sha).read_bytes()
     assert read_file(store.path(sha)).tool_map == {"call_1": b"<dsml>"}
     yield
@@ -319,7 +311,7 @@ def test_ds4_layout_and_files_without_our_checksum(engine, tmp_path) -> None:
     from ds4agent.sessions.kvfile import FLAG_CHECKSUM, HEADER
 
     store = SessionStore(tmp_path)
-    s = _convo(engine, "layout")
+    s = convo_session(engine, "layout")
     sha = store.save(s, "agent-session")
     raw = store.path(sha).read_bytes()
     assert raw[:4] == b"KVC\x01" and raw[4] == 2 and raw[5] == 6

@@ -17,7 +17,7 @@ from ds4agent.engine import Engine
 from ds4agent.sessions.kvfile import (CHECKSUM_MAGIC, CHECKSUM_SIZE, FLAG_CHECKSUM, HEADER, KVFileError, _checksum,
                                       read_file, read_header, text_sha)
 from ds4agent.sessions.store import SessionStore, StoreError
-from helpers import damage
+from helpers import convo_session, damage
 
 FUZZ = settings(max_examples=40, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -29,24 +29,17 @@ def engine(demo_path):
         yield e
 
 
-def _convo(engine, user: str):
-    text = f"<｜begin▁of▁sentence｜>You are terse.<｜User｜>{user}<｜Assistant｜></think>"
-    s = engine.session()
-    s.sync(engine.tokenizer.encode_rendered(text))
-    return s
-
-
 @pytest.fixture(scope="module")
 def world(engine, tmp_path_factory):
     """A store with two healthy sessions, the bytes of a full file (with a tool map) and of a
     stripped one to damage, and the user's live conversation."""
     d = tmp_path_factory.mktemp("fuzzstore")
     store = SessionStore(d)
-    neighbours = [store.save(_convo(engine, "healthy one")), store.save(_convo(engine, "healthy two"))]
-    full = store.save(_convo(engine, "victim"), "cold", tool_map={"call_1": b"<dsml>x</dsml>"})
-    stripped = store.save(_convo(engine, "stripped victim"))
+    neighbours = [store.save(convo_session(engine, "healthy one")), store.save(convo_session(engine, "healthy two"))]
+    full = store.save(convo_session(engine, "victim"), "cold", tool_map={"call_1": b"<dsml>x</dsml>"})
+    stripped = store.save(convo_session(engine, "stripped victim"))
     store.strip(stripped)
-    ds4 = store.save(_convo(engine, "written by ds4"))
+    ds4 = store.save(convo_session(engine, "written by ds4"))
     bases = {name: (sha, store.path(sha).read_bytes()) for name, sha in
              (("full", full), ("stripped", stripped), ("ds4", ds4))}
     # As ds4 writes it: no checksum (so damage reaches the semantic checks), fingerprint 0.
@@ -55,7 +48,7 @@ def world(engine, tmp_path_factory):
     raw[20:24] = bytes(4)
     bases["ds4"] = (ds4, bytes(raw))
     store.path(ds4).write_bytes(bytes(raw))
-    live = _convo(engine, "my live conversation")
+    live = convo_session(engine, "my live conversation")
     return {"store": store, "neighbours": neighbours, "bases": bases, "live": live, "cp": live.checkpoint(),
             "before": (list(live.tokens), live.snapshot())}
 
@@ -177,7 +170,7 @@ def test_list_and_load_while_another_process_writes(demo_path, engine, tmp_path)
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline().strip() == "ready"
-        live = _convo(engine, "mine")
+        live = convo_session(engine, "mine")
         before = (list(live.tokens), live.snapshot())
         cp = live.checkpoint()
         listings = loads = failures = 0

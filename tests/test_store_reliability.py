@@ -21,6 +21,7 @@ from ds4agent.engine import Engine
 from ds4agent.sessions import kvfile
 from ds4agent.sessions.kvfile import HEADER, KVFile, KVFileError, read_file, read_header
 from ds4agent.sessions.store import SessionStore, StoreError
+from helpers import convo_session
 
 GB = 1 << 30
 
@@ -31,17 +32,10 @@ def engine(demo_path):
         yield e
 
 
-def _convo(engine, user: str):
-    text = f"<｜begin▁of▁sentence｜>You are terse.<｜User｜>{user}<｜Assistant｜></think>"
-    s = engine.session()
-    s.sync(engine.tokenizer.encode_rendered(text))
-    return s
-
-
 @pytest.fixture()
 def store(engine, tmp_path):
     st = SessionStore(tmp_path / "sessions")
-    st.good = st.save(_convo(engine, "keep me"))
+    st.good = st.save(convo_session(engine, "keep me"))
     return st
 
 
@@ -95,7 +89,7 @@ def test_fifo_named_like_a_session_blocks_nothing(engine, store) -> None:
     [p] = store.problems
     assert "FIFO" in _one_line(Exception(p)) and fifo.name in p
     # Save holds the store lock: a hang there would block every other ds4 process too.
-    sha = _bounded(lambda: store.save(_convo(engine, "another")), [fifo])
+    sha = _bounded(lambda: store.save(convo_session(engine, "another")), [fifo])
     assert sha in {i.sha for i in store.list()}
     for call in (lambda: store.load("ab" * 20, engine.session()), lambda: store.strip("ab" * 20)):
         with pytest.raises(StoreError) as e:
@@ -185,7 +179,7 @@ print(json.dumps(out))
 
 def _sparse_files(engine, store) -> dict[str, str]:
     """Sessions forged from a real one, each made huge with a hole (truncate): a few KB on disk."""
-    s = _convo(engine, "sparse")
+    s = convo_session(engine, "sparse")
     sha = store.save(s)
     path = store.path(sha)
     f = read_file(path)
@@ -262,7 +256,7 @@ def test_read_holds_one_copy_of_the_file(engine, tmp_path) -> None:
 @pytest.fixture()
 def live(engine):
     """The user's live conversation, which a failed load must leave exactly as it was."""
-    return _convo(engine, "my live conversation, not saved yet")
+    return convo_session(engine, "my live conversation, not saved yet")
 
 
 def _check_failed_load(store, sha, session, match: str) -> None:
@@ -290,7 +284,7 @@ def test_payload_not_matching_the_text_keeps_the_live_session(engine, store, liv
 
 
 def test_stripped_file_with_altered_text_length(engine, store, live) -> None:
-    sha = store.save(_convo(engine, "strip me"))
+    sha = store.save(convo_session(engine, "strip me"))
     store.strip(sha)
     f = read_file(store.path(sha))
     h = f.header
@@ -305,7 +299,7 @@ def test_failure_after_restore(engine, store, live, monkeypatch, fault: str) -> 
     """Another process drops the file between the restore and the end of the load, or the last
     stat fails: the load either succeeds (the session holds the saved conversation) or raises a
     StoreError and leaves the live conversation; never a KVFileError or an OSError."""
-    saved = _convo(engine, "to be resumed")
+    saved = convo_session(engine, "to be resumed")
     sha = store.save(saved)
     before = _state(live)
     real_restore = type(live).restore
@@ -421,7 +415,7 @@ def _rewrite(path, **fields) -> None:
 
 @pytest.mark.parametrize("tokens", [1 << 30, 1, "one less"])
 def test_forged_token_count(engine, store, live, tokens) -> None:
-    sha = store.save(_convo(engine, "forged"))
+    sha = store.save(convo_session(engine, "forged"))
     real = read_header(store.path(sha))[0].tokens
     _rewrite(store.path(sha), tokens=real - 1 if tokens == "one less" else tokens)
     assert [i.sha for i in store.list()] == [store.good]
@@ -430,7 +424,7 @@ def test_forged_token_count(engine, store, live, tokens) -> None:
 
 
 def test_forged_token_count_of_a_stripped_file(engine, store) -> None:
-    sha = store.save(_convo(engine, "forged"))
+    sha = store.save(convo_session(engine, "forged"))
     store.strip(sha)
     h, text = read_header(store.path(sha))
     _rewrite(store.path(sha), tokens=len(text) + 1)  # more tokens than bytes of text
@@ -439,7 +433,7 @@ def test_forged_token_count_of_a_stripped_file(engine, store) -> None:
 
 
 def test_payload_size_must_be_the_models(engine, store, live, monkeypatch) -> None:
-    sha = store.save(_convo(engine, "padded"))
+    sha = store.save(convo_session(engine, "padded"))
     f = read_file(store.path(sha))
     f.payload = bytes(f.payload) + b"\0" * 64  # the payload header still says the same tokens
     store.path(sha).write_bytes(f.to_bytes())
@@ -488,7 +482,7 @@ def test_temp_file_of_a_killed_writer_is_swept(demo_path, engine, store) -> None
     # The store keeps a dead writer's file for a few minutes (a writer in another pid
     # namespace or on another host sharing the folder looks dead here); age it past that.
     _age(tmp, 3600)
-    store.save(_convo(engine, "after the crash"))
+    store.save(convo_session(engine, "after the crash"))
     assert not tmp.exists()
     assert not [p for p in store.dir.iterdir() if p.name.endswith(".tmp")]
     assert store.good in {i.sha for i in store.list()} and store.problems == []
@@ -508,7 +502,7 @@ def test_sweep_never_takes_a_live_or_recent_writers_file(engine, store) -> None:
             p.write_bytes(b"partial")
         for p in (alive_old, mine_old, dead_old, other):
             _age(p, 3600)
-        store.save(_convo(engine, "sweeper"))
+        store.save(convo_session(engine, "sweeper"))
         assert alive_old.exists() and mine_old.exists() and dead_new.exists() and other.exists()
         assert not dead_old.exists()
     finally:
