@@ -202,18 +202,24 @@ def test_compaction(engine, ws, monkeypatch) -> None:
     _consistent(a)
 
 
-@pytest.mark.parametrize("summary", ["only reasoning</think>" + EOS, "thinking and thinking", "</think>  \n" + EOS])
-def test_compaction_without_a_summary_changes_nothing(engine, ws, summary) -> None:
+@pytest.mark.parametrize("summary, why", [("only reasoning</think>" + EOS, "no summary"),
+                                          ("thinking and thinking", "token limit"),
+                                          ("</think>  \n" + EOS, "no summary")])
+def test_compaction_without_a_summary_changes_nothing(engine, ws, summary, why) -> None:
     """An empty summary, or one cut off by the token limit, leaves the conversation (and its
-    KV) exactly as it was, and says so."""
+    KV) exactly as it was, and says so. (The conversation is long enough that any summary
+    would be shorter: the refusal is for the summary's sake.)"""
     a = _make(engine, ws)
+    for n in range(3):
+        Script(a, ["ok</think>" + f"Answer {n}: " + "a long explanation " * 60 + EOS])
+        list(a.run(f"question {n}"))
     Script(a, ["look</think>" + call("read", path="src/app.py"), "ok</think>main returns 1." + EOS])
     list(a.run("what does main return?"))
     a.conv.sync_for_save()
     before = (list(a.conv.transcript.tokens), list(a.conv.messages), a.conv.session.snapshot())
     Script(a, [summary])
     events = list(a.compact())
-    assert [e.kind for e in events] == ["compact_failed"] and "unchanged" in events[0].text
+    assert [e.kind for e in events] == ["compact_failed"] and "unchanged" in events[0].text and why in events[0].text
     assert (a.conv.transcript.tokens, a.conv.messages, a.conv.session.snapshot()) == before
     _consistent(a)
     Script(a, ["ok</think>Still here." + EOS])
