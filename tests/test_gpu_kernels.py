@@ -150,32 +150,6 @@ def test_gpu_kernels_refuse_cpu_only_mlx(demo_path) -> None:
             gpu.GpuKernels(e._model.w, "tpu")
 
 
-def test_cuda_sources_compile_with_nvcc(tmp_path) -> None:
-    """nvcc (when the machine has the CUDA toolkit; it needs no GPU) compiles every kernel as
-    mx.fast.cuda_kernel would present it, for Hopper (the H200 these are meant for)."""
-    import shutil
-    import subprocess
-
-    from gpu_harness import cuda_unit
-
-    nvcc = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if shutil.which("/usr/local/cuda/bin/nvcc") else None)
-    if nvcc is None:
-        pytest.skip("no CUDA toolkit (nvcc) on this machine")
-    f32, u8, i32 = "float", "uint8_t", "int32_t"
-    plans = {
-        "matvec": (gpu.plan_matvec(int(Q.Q8_0), 129280, 4096, 1), [u8, f32, f32, f32]),
-        "gate_up": (gpu.plan_gate_up(int(Q.IQ2_XXS), 1, 6, 2048, 4096), [u8, u8, f32, i32, f32, f32, f32, f32]),
-        "down": (gpu.plan_down(int(Q.Q2_K), 1, 6, 2048, 4096), [u8, f32, i32, f32, f32]),
-        "scores": (gpu.plan_scores(64, 640, 512), [f32, f32, i32]),
-        "mix": (gpu.plan_mix(64, 640, 512), [f32, f32, i32]),
-    }
-    cu = tmp_path / "ds4_kernels.cu"
-    cu.write_text(cuda_unit(plans))
-    r = subprocess.run([nvcc, "-std=c++17", "-arch=sm_90", "-c", str(cu), "-o", str(tmp_path / "k.o")],
-                       capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-3000:]
-
-
 def test_fused_experts_at_flash_dimensions() -> None:
     """The expert kernels at the real shape, on random blocks for 8 experts, against float64
     on gguf's dequantisation."""

@@ -137,20 +137,24 @@ FN float dot_row(int qt, const GLOBAL uint8_t *row, const GLOBAL float *x, int n
 }
 """
 
-# Kernel bodies. Template constants (upper case) are set per launch: QT/QD GGML types, N/E/F
-# row lengths, OUT rows, TT tokens, K slots per token, RB/RBD row bytes, R0 first row, V rows
-# visible to attention, H heads, D head dim.
+# Kernel bodies. Template constants (upper case) are fixed by the weights and the model: QT/QD
+# GGML types, N/E/F row lengths, RB/RBD row bytes, K slots per token, H heads, D head dim. What
+# changes from call to call (tokens, rows, visible rows) arrives at run time in the last input,
+# ``dims`` (int32; see Launch.dims), so the engine compiles a handful of kernels per model rather
+# than one per token count, row range or context length, and the compile tests can cover every
+# instantiation it uses (tests/test_gpu_compile.py).
 BODIES = {
-    "matvec": ("W x iq_grid iq_signs", "y", r"""
+    "matvec": ("W x iq_grid iq_signs dims", "y", r"""
     const uint32_t gid = GID;
-    if (gid < OUT * TT) {
-        const uint32_t t = gid / OUT, r = gid % OUT;
-        y[gid] = dot_row(QT, W + (R0 + (size_t)r) * RB, x + (size_t)t * N, N, iq_grid, iq_signs);
+    const uint32_t n_out = (uint32_t)dims[0], n_tok = (uint32_t)dims[1];
+    if (gid < n_out * n_tok) {
+        const uint32_t t = gid / n_out, r = gid % n_out;
+        y[gid] = dot_row(QT, W + ((size_t)dims[2] + r) * RB, x + (size_t)t * N, N, iq_grid, iq_signs);
     }
 """),
-    "gate_up": ("gate up x sel route clampv iq_grid iq_signs", "mid", r"""
+    "gate_up": ("gate up x sel route clampv iq_grid iq_signs dims", "mid", r"""
     const uint32_t gid = GID;
-    if (gid < TT * K * F) {
+    if (gid < (uint32_t)dims[0] * K * F) {
         const uint32_t s = gid / F, f = gid % F;
         const size_t row = ((size_t)sel[s] * F + f) * RB;
         const GLOBAL float *xs = x + (size_t)(s / K) * E;
@@ -162,9 +166,9 @@ BODIES = {
         mid[gid] = g / (1.0f + EXPF(-g)) * u * route[s];
     }
 """),
-    "down": ("down mid sel iq_grid iq_signs", "y", r"""
+    "down": ("down mid sel iq_grid iq_signs dims", "y", r"""
     const uint32_t gid = GID;
-    if (gid < TT * E) {
+    if (gid < (uint32_t)dims[0] * E) {
         const uint32_t t = gid / E, r = gid % E;
         float acc = 0.0f;
         for (uint32_t j = 0; j < K; j++) {
@@ -174,22 +178,24 @@ BODIES = {
         y[gid] = acc;
     }
 """),
-    "scores": ("q keys idx", "s", r"""
+    "scores": ("q keys idx dims", "s", r"""
     const uint32_t gid = GID;
-    if (gid < H * V) {
-        const uint32_t h = gid / V, v = gid % V;
+    const uint32_t n_vis = (uint32_t)dims[0];
+    if (gid < H * n_vis) {
+        const uint32_t h = gid / n_vis, v = gid % n_vis;
         const GLOBAL float *qh = q + (size_t)h * D, *k = keys + (size_t)idx[v] * D;
         float acc = 0.0f;
         for (uint32_t i = 0; i < D; i++) acc += qh[i] * k[i];
         s[gid] = acc;
     }
 """),
-    "mix": ("p keys idx", "o", r"""
+    "mix": ("p keys idx dims", "o", r"""
     const uint32_t gid = GID;
+    const uint32_t n_vis = (uint32_t)dims[0];
     if (gid < H * D) {
         const uint32_t h = gid / D, i = gid % D;
         float acc = 0.0f;
-        for (uint32_t v = 0; v < V; v++) acc += p[(size_t)h * V + v] * keys[(size_t)idx[v] * D + i];
+        for (uint32_t v = 0; v < n_vis; v++) acc += p[(size_t)h * n_vis + v] * keys[(size_t)idx[v] * D + i];
         o[gid] = acc;
     }
 """),
@@ -206,20 +212,25 @@ def source(kind: str, backend: str) -> tuple[list[str], list[str], str]:
 
 @dataclass(frozen=True)
 class Launch:
-    """Everything a launch needs besides the input arrays: one thread per output value."""
+    """Everything a launch needs besides the input arrays: one thread per output value.
+    ``template`` is compiled in; ``dims`` is passed at run time as the kernel's last input (an
+    int32 array: matvec [rows, tokens, first row], gate_up/down [tokens], scores/mix [visible
+    rows])."""
 
     kind: str
     grid: tuple[int, int, int]
     threadgroup: tuple[int, int, int]
     output_shapes: list[tuple[int, ...]]
     template: list[tuple[str, int]]
+    dims: tuple[int, ...]
 
 
-def _launch(kind: str, n_out: int, out_shape: tuple[int, ...], template: dict[str, int]) -> Launch:
+def _launch(kind: str, n_out: int, out_shape: tuple[int, ...], template: dict[str, int],
+            dims: tuple[int, ...]) -> Launch:
     if n_out <= 0 or n_out >= 2**32:
         raise ValueError(f"{kind}: {n_out} outputs do not fit one 32-bit grid")
     tg = min(THREADGROUP, n_out)
-    return Launch(kind, (n_out, 1, 1), (tg, 1, 1), [out_shape], sorted(template.items()))
+    return Launch(kind, (n_out, 1, 1), (tg, 1, 1), [out_shape], sorted(template.items()), dims)
 
 
 def _row_bytes(qtype: int, n: int) -> int:
@@ -234,36 +245,38 @@ def _row_bytes(qtype: int, n: int) -> int:
 def plan_matvec(qtype: int, out: int, n: int, T: int, r0: int = 0) -> Launch:
     if not 1 <= T <= DECODE_MAX_T:
         raise ValueError(f"matvec takes 1..{DECODE_MAX_T} tokens, got {T}")
-    return _launch("matvec", out * T, (T, out),
-                   {"QT": int(qtype), "N": n, "OUT": out, "TT": T, "RB": _row_bytes(qtype, n), "R0": r0})
+    return _launch("matvec", out * T, (T, out), {"QT": int(qtype), "N": n, "RB": _row_bytes(qtype, n)}, (out, T, r0))
 
 
 def plan_gate_up(qtype: int, T: int, k: int, F: int, E: int) -> Launch:
     return _launch("gate_up", T * k * F, (T * k, F),
-                   {"QT": int(qtype), "TT": T, "K": k, "F": F, "E": E, "RB": _row_bytes(qtype, E)})
+                   {"QT": int(qtype), "K": k, "F": F, "E": E, "RB": _row_bytes(qtype, E)}, (T,))
 
 
 def plan_down(qtype: int, T: int, k: int, F: int, E: int) -> Launch:
     return _launch("down", T * E, (T, E),
-                   {"QD": int(qtype), "TT": T, "K": k, "F": F, "E": E, "RBD": _row_bytes(qtype, F)})
+                   {"QD": int(qtype), "K": k, "F": F, "E": E, "RBD": _row_bytes(qtype, F)}, (T,))
 
 
 def plan_scores(H: int, V: int, D: int) -> Launch:
-    return _launch("scores", H * V, (H, V), {"H": H, "V": V, "D": D})
+    return _launch("scores", H * V, (H, V), {"H": H, "D": D}, (V,))
 
 
 def plan_mix(H: int, V: int, D: int) -> Launch:
-    return _launch("mix", H * D, (H, D), {"H": H, "V": V, "D": D})
+    return _launch("mix", H * D, (H, D), {"H": H, "D": D}, (V,))
 
 
 class GpuKernels(ReferenceKernels):
     """Metal or CUDA kernels for decode-sized products; the reference MLX path otherwise."""
 
-    def __init__(self, weights: Weights, backend: str) -> None:
+    def __init__(self, weights: Weights, backend: str, make=None) -> None:
+        """``make`` builds a kernel object the way mx.fast.metal_kernel / cuda_kernel do (the
+        default for ``backend``); the tests pass one that runs the bodies on the CPU."""
         super().__init__(weights)
         if backend not in GID:
             raise ValueError(f"no GPU kernels for backend {backend!r}")
-        make = mx.fast.metal_kernel if backend == "metal" else getattr(mx.fast, "cuda_kernel", None)
+        if make is None:
+            make = mx.fast.metal_kernel if backend == "metal" else getattr(mx.fast, "cuda_kernel", None)
         if make is None:
             raise ValueError("this MLX build has no custom CUDA kernels")
         self.name = backend
@@ -285,9 +298,18 @@ class GpuKernels(ReferenceKernels):
         return k
 
     def _run(self, launch: Launch, inputs: list[mx.array]) -> mx.array:
+        inputs = [*inputs, mx.array(launch.dims, dtype=mx.int32)]
         return self._kernel(launch.kind)(inputs=inputs, grid=launch.grid, threadgroup=launch.threadgroup,
                                          output_shapes=launch.output_shapes, output_dtypes=[mx.float32],
                                          template=launch.template)[0]
+
+    def release(self, ops: set[str]) -> None:
+        """Drop the device copies only the refused ``ops`` would have used (the self-check
+        calls this: a refused expert kernel must not keep a layer's experts on the device)."""
+        for name in list(self._raw):
+            expert = "_exps." in name
+            if ("experts" in ops and expert) or ("linear" in ops and not expert):
+                del self._raw[name]
 
     def _bytes(self, name: str) -> mx.array:
         """The tensor's packed bytes on the device, copied from the mmap on first use."""
@@ -308,9 +330,10 @@ class GpuKernels(ReferenceKernels):
     def experts(self, layer: int, x: mx.array, sel: np.ndarray, weights: mx.array, clamp: float) -> mx.array:
         p = f"blk.{layer}.ffn_"
         tg, td = self.w.file.tensors[p + "gate_exps.weight"], self.w.file.tensors[p + "down_exps.weight"]
+        tu = self.w.file.tensors[p + "up_exps.weight"]
         T, E = x.shape
         k = sel.shape[1]
-        if T > DECODE_MAX_T or tg.type not in KERNEL_TYPES or td.type not in KERNEL_TYPES:
+        if T > DECODE_MAX_T or tg.type not in KERNEL_TYPES or td.type not in KERNEL_TYPES or tu.type != tg.type:
             return super().experts(layer, x, sel, weights, clamp)
         F = tg.shape[1]
         ids = mx.array(np.ascontiguousarray(sel, dtype=np.int32).reshape(-1))
@@ -328,7 +351,8 @@ class GpuKernels(ReferenceKernels):
         visible = np.flatnonzero(mask[0]).astype(np.int32)
         idx = mx.array(visible)
         V = len(visible)
-        scores = self._run(plan_scores(H, V, D), [q.reshape(H, D), keys, idx]) * (1.0 / math.sqrt(D))
-        ex, den = sink_softmax(scores, sinks.reshape(H, 1))
+        keys = keys.astype(mx.float32)  # the kernels read float32: any other dtype is converted, not misread
+        scores = self._run(plan_scores(H, V, D), [q.reshape(H, D).astype(mx.float32), keys, idx]) * (1.0 / math.sqrt(D))
+        ex, den = sink_softmax(scores, sinks.reshape(H, 1).astype(mx.float32))
         out = self._run(plan_mix(H, V, D), [ex, keys, idx]) / den
         return out.reshape(H, 1, D)
