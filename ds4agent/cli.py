@@ -160,6 +160,10 @@ def build_parser() -> argparse.ArgumentParser:
     ins = sub.add_parser("inspect", help="describe a model file without loading its weights")
     ins.add_argument("model", nargs="?", metavar="MODEL", help="GGUF file (default: the model ds4 would run)")
     ins.add_argument("--tensors", action="store_true", help="also list every tensor")
+    ins.add_argument("--kernels", nargs="?", const="auto", choices=KERNELS, metavar="K",
+                     help="also load the model with kernels K (default auto) and print their self-check against the "
+                          "reference (each case, its error, its time)")
+    ins.add_argument("--backend", choices=BACKENDS, default="auto", help="backend for --kernels (default auto)")
 
     demo = sub.add_parser("demo", help="generate a tiny random-weight DeepSeek V4 GGUF in the real layout")
     demo.add_argument("--out", metavar="PATH", help="where to write it (default: the cached demo model)")
@@ -235,6 +239,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         for t in r.tensors:
             dims = "x".join(str(d) for d in t.dims)
             lines.append(f"              {t.name:<44} {t.type_name:<9} {dims:<22} {_fmt_gib(t.nbytes):>12}")
+    if args.kernels is not None and r.usable:
+        from .engine.info import kernel_report
+
+        lines += kernel_report(path, args.backend, args.kernels)
     print("\n".join(lines))
     return 0 if r.usable else 1
 

@@ -35,7 +35,8 @@ class EngineInfo:
     expert_quant_bits: int  # 4 when layer 0's routed experts are Q4_K, else 2 (ds4's convention)
     fingerprint: int  # identifies these exact weights (see _fingerprint)
     kernels: str = "reference"  # the implementation of the heavy products (engine/kernels)
-    kernel_note: str | None = None  # why the fast kernels were not used, when they were not
+    kernel_note: str | None = None  # why the fast kernels (or some of their operations) were not used
+    kernel_check: object = None  # kernels/check.CheckReport of the self-check at open, when it ran
 
     @property
     def name(self) -> str:
@@ -82,7 +83,8 @@ class Engine:
         for t in f.tensors.values():
             mix[t.type_name] = mix.get(t.type_name, 0) + t.nbytes
         bits = 4 if f.tensors["blk.0.ffn_gate_exps.weight"].type_name == "Q4_K" else 2
-        self.info = EngineInfo(f.path, cfg, backend, ctx, qat_sim, mix, is_flash, bits, _fingerprint(f), impl.name, note)
+        self.info = EngineInfo(f.path, cfg, backend, ctx, qat_sim, mix, is_flash, bits, _fingerprint(f), impl.name, note,
+                               getattr(impl, "check", None))
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], backend: str = "auto", ctx: int = 32768,

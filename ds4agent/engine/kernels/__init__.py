@@ -19,6 +19,11 @@ Implementations: ``reference`` (MLX ops, any device); ``cpu`` (cpu.c: native SIM
 weights read in place from the mmap, activations rounded to 8 bits per block of 32 for
 integer dot products wherever the weight is quantised) and ``cpu-exact`` (the same with float32 activations throughout);
 ``metal`` and ``cuda`` (custom MLX kernels, see gpu.py).
+
+When the engine selects ``metal`` or ``cuda``, every operation those kernels implement first
+runs once on a slice of the real weights against the reference on the same device (check.py);
+one that fails to compile, launch or agree is refused and the reference runs it instead, with
+a one-line note. DS4_KERNEL_CHECK=0 skips the check.
 """
 
 from __future__ import annotations
@@ -88,8 +93,13 @@ def select(backend: str, weights: Weights, requested: str | None = None) -> tupl
             return CpuKernels(weights, exact=requested == "cpu-exact"), None
         from .gpu import GpuKernels
 
-        return GpuKernels(weights, want), None
+        kernels = GpuKernels(weights, want)
     except Exception as e:  # a compiler, a GPU library or a format the kernels do not cover
         if requested != "auto":
             raise KernelError(f"{want} kernels unavailable: {e}") from None
         return ReferenceKernels(weights), f"{want} kernels unavailable ({e}); using the MLX reference path"
+    if os.environ.get("DS4_KERNEL_CHECK", "1").strip() == "0":
+        return kernels, None
+    from .check import checked
+
+    return checked(kernels, weights)

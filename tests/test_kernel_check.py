@@ -1,0 +1,252 @@
+"""The kernels' self-check (engine/kernels/check.py) and the fallback it drives.
+
+The check is generic over the Kernels interface, so it runs here for real: on the CPU kernels
+(every operation is theirs), and on the GPU kernels themselves (GpuKernels, its launch plans and
+argument marshalling) with their bodies run by the host C compiler instead of a GPU
+(gpu_harness.harness_make). Planted bugs of each kind a GPU would show (a body that does not
+compile, a wrong result, a launch that raises, NaNs) are refused, the engine prints one line
+and runs the reference for that operation, and the answer is then the reference's.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ds4agent.engine import Engine, SamplingParams
+from ds4agent.engine.config import config_from_gguf
+from ds4agent.engine.gguf import GGUFFile
+from ds4agent.engine.kernels import check, gpu, select
+from ds4agent.engine.kernels.cpu import CpuKernels
+from ds4agent.engine.kernels.reference import ReferenceKernels
+from ds4agent.engine.tokenizer import Tokenizer
+from ds4agent.engine.weights import Weights
+from gpu_harness import harness_make
+from helpers import rel_err
+
+
+class HarnessGpu(gpu.GpuKernels):
+    """GpuKernels whose kernels run on the CPU (what select() builds, once patched in)."""
+
+    def __init__(self, weights, backend, make=None) -> None:
+        super().__init__(weights, backend, make or harness_make(backend))
+
+
+@pytest.fixture
+def weights(demo_path):
+    with Engine.open(demo_path, backend="cpu", kernels="reference") as e:
+        yield e._model.w
+
+
+def _engine(path, kernels: str, qat_sim: bool = False) -> Engine:
+    """An Engine as Engine.open builds it, on the backend ``kernels`` names (the arrays stay on
+    MLX's CPU device: only the kernels differ)."""
+    f = GGUFFile(path)
+    cfg = config_from_gguf(f)
+    backend = "cpu" if kernels in ("reference", "cpu", "cpu-exact") else kernels
+    return Engine(f, cfg, Tokenizer.from_gguf(f), backend, 4096, qat_sim, False, kernels)
+
+
+def _run(engine: Engine) -> tuple[np.ndarray, list[int]]:
+    s = engine.session()
+    s.sync(np.random.default_rng(5).integers(1000, 120000, 40).tolist())
+    first = s.logits.copy()
+    toks = [st.token for st in s.generate(SamplingParams(temperature=0), max_tokens=8, stop_at_eos=False)]
+    return np.concatenate([first, s.logits]), toks
+
+
+def test_probes_cover_the_interface(weights, flash_header_path) -> None:
+    """Every operation of the Kernels interface has probe cases, on the demo model and on the
+    real Flash layout (an operation added to the interface without a probe fails here)."""
+    assert set(check.ARRAYS) == set(check.operations())
+    with GGUFFile(flash_header_path) as f:
+        flash = Weights(f, config_from_gguf(f))
+        for w in (weights, flash):
+            cases = check._probe_cases(w)
+            assert all(cases[op] for op in check.operations()), {op for op in cases if not cases[op]}
+        labels = [c for c, _ in check._probe_cases(flash)["linear"]]
+        assert any(lb.startswith("Q8_0 x4096") for lb in labels) and any(lb.startswith("Q8_0 x8192") for lb in labels)
+
+
+def test_cpu_kernels_pass_every_operation(weights) -> None:
+    for exact, bound in ((True, 1e-5), (False, 4e-2)):
+        k = CpuKernels(weights, exact=exact)
+        r = check.self_check(k, ReferenceKernels(weights), weights)
+        assert r.inherited == [] and r.refused == {} and r.note is None
+        assert {c.op for c in r.results} == set(check.operations())
+        assert max(c.err for c in r.results) <= bound
+
+
+def test_gpu_kernels_pass_on_the_cpu_harness(weights) -> None:
+    """linear, experts and attend are GpuKernels' own (checked, through the kernel bodies);
+    everything else is the reference's own and not run twice."""
+    r = check.self_check(HarnessGpu(weights, "cuda"), ReferenceKernels(weights), weights)
+    assert r.refused == {}
+    assert {c.op for c in r.results} == {"linear", "experts", "attend"}
+    assert set(r.inherited) == set(check.operations()) - {"linear", "experts", "attend"}
+    assert max(c.err for c in r.results) <= 1e-5
+    assert r.seconds < 5
+
+
+BUGS = {  # kernel body -> (a plausible mistake, the operation it breaks, the reason the check gives)
+    "compile": ("gate_up", lambda b: b.replace("route[s]", "routes[s]"), "experts", "error: CompileError"),
+    "wrong": ("gate_up", lambda b: b.replace(" * u * route[s]", " * u"), "experts", "mismatch: relative error"),
+    "nan": ("matvec", lambda b: b.replace("y[gid] = dot_row", "y[gid] = (r == 3 ? 0.0f / 0.0f : 1.0f) * dot_row"),
+            "linear", "non-finite"),
+    "row-offset": ("matvec", lambda b: b.replace("(size_t)dims[2] + r", "(size_t)r"), "linear", "mismatch"),
+    "visible-rows": ("mix", lambda b: b.replace("v < n_vis", "v + 1 < n_vis"), "attend", "mismatch"),
+}
+
+
+def _plant(monkeypatch, bug: str) -> tuple[str, str]:
+    kind, change, op, why = BUGS[bug]
+    ins, outs, body = gpu.BODIES[kind]
+    assert change(body) != body
+    monkeypatch.setitem(gpu.BODIES, kind, (ins, outs, change(body)))
+    return op, why
+
+
+@pytest.mark.parametrize("bug", sorted(BUGS))
+def test_a_planted_kernel_bug_is_refused(weights, monkeypatch, bug: str) -> None:
+    op, why = _plant(monkeypatch, bug)
+    k = HarnessGpu(weights, "cuda")
+    ref = ReferenceKernels(weights)
+    r = check.self_check(k, ref, weights)
+    assert set(r.refused) == {op}, r.refused
+    assert r.refused[op].startswith(why), r.refused[op]
+    note = r.note
+    assert "\n" not in note and note.startswith(f"cuda kernels refused by the self-check, {op}: {why}")
+    had = set(k._raw)
+    check.refuse(k, ref, r)
+    assert getattr(k, op) == getattr(ref, op) and k.check is r
+    # What only the refused kernel used is no longer held on the device.
+    assert any("_exps." in n for n in had) and any("_exps." not in n for n in had)
+    kept = {"experts": {n for n in had if "_exps." not in n}, "linear": {n for n in had if "_exps." in n}}.get(op, had)
+    assert set(k._raw) == kept
+
+
+def test_a_launch_error_is_refused(weights) -> None:
+    """A kernel that raises when launched (Metal refusing a threadgroup size, a missing
+    symbol, a driver error) is refused; the others stay."""
+    real = harness_make("metal")
+
+    def make(name, **kw):
+        kernel = real(name, **kw)
+        if name != "ds4_scores":
+            return kernel
+
+        def refuse_launch(**_):
+            raise RuntimeError("[metal::Device] Unable to load kernel custom_kernel_ds4_scores\nmore detail")
+
+        return refuse_launch
+
+    r = check.self_check(gpu.GpuKernels(weights, "metal", make=make), ReferenceKernels(weights), weights)
+    assert set(r.refused) == {"attend"}
+    assert r.refused["attend"].startswith("error: RuntimeError: [metal::Device] Unable to load kernel")
+
+
+def test_a_check_that_raises_everywhere_never_propagates(weights) -> None:
+    class Broken(ReferenceKernels):
+        name = "broken"
+
+    for op in check.operations():
+        def fail(*a, op=op):
+            raise MemoryError(f"{op} exploded")
+        setattr(Broken, op, fail)
+    r = check.self_check(Broken(weights), ReferenceKernels(weights), weights)
+    assert set(r.refused) == set(check.operations())
+    assert all(why.startswith("error: MemoryError") for why in r.refused.values())
+
+
+def test_engine_falls_back_says_so_and_answers_right(demo_path, monkeypatch, capsys) -> None:
+    """Through select() and the Engine: a wrong expert kernel is refused at open with one line
+    (the CLI prints engine.info.kernel_note), the other kernels stay, and the model's logits
+    and greedy tokens are the reference's. With DS4_KERNEL_CHECK=0 the same kernel runs and
+    the answer is wrong: the check is what keeps it right."""
+    monkeypatch.setattr(gpu, "GpuKernels", HarnessGpu)
+    _plant(monkeypatch, "wrong")
+    with _engine(demo_path, "reference") as ref:
+        want, want_toks = _run(ref)
+    with _engine(demo_path, "cuda") as e:
+        assert e.info.kernels == "cuda"
+        note = e.info.kernel_note
+        assert note and "\n" not in note and note.startswith("cuda kernels refused by the self-check, experts: mismatch")
+        assert set(e.info.kernel_check.refused) == {"experts"}
+        got, toks = _run(e)
+    assert toks == want_toks and rel_err(got, want) <= 1e-4
+    monkeypatch.setenv("DS4_KERNEL_CHECK", "0")
+    with _engine(demo_path, "cuda") as e:
+        assert e.info.kernel_note is None and e.info.kernel_check is None
+        bad, _ = _run(e)
+    assert rel_err(bad, want) > 1e-2
+
+
+def test_all_refused_is_the_reference_bit_for_bit(demo_path, monkeypatch) -> None:
+    """Every GPU operation broken: each refused, and the logits are the reference path's, bit
+    for bit (FP8 cache simulation on)."""
+    monkeypatch.setattr(gpu, "GpuKernels", HarnessGpu)
+    for bug in ("compile", "row-offset", "visible-rows"):
+        _plant(monkeypatch, bug)
+    with _engine(demo_path, "reference", qat_sim=True) as ref:
+        want, want_toks = _run(ref)
+    with _engine(demo_path, "cuda", qat_sim=True) as e:
+        assert set(e.info.kernel_check.refused) == {"experts", "linear", "attend"}
+        assert e.info.kernel_note.count("refused") == 1 and e.info.kernel_note.endswith("the MLX reference path runs them")
+        got, toks = _run(e)
+    assert toks == want_toks and np.array_equal(got, want)
+
+
+def test_a_refused_operation_of_numpy_kernels_is_bridged(demo_path, weights) -> None:
+    """The CPU kernels run the model in numpy: a refused operation's reference (MLX) gets its
+    arrays converted both ways, and the whole model then matches the reference."""
+    class Wrong(CpuKernels):
+        def hc_post(self, y, X, post, M):  # forgets the sublayer's output
+            return super().hc_post(y * 0, X, post, M)
+
+    with Engine.open(demo_path, backend="cpu", kernels="reference", qat_sim=False) as ref, \
+            Engine.open(demo_path, backend="cpu", kernels="cpu-exact", qat_sim=False) as e:
+        want, want_toks = _run(ref)
+        k = Wrong(e._model.w, exact=True)
+        r = check.self_check(k, ReferenceKernels(e._model.w), e._model.w)
+        assert set(r.refused) == {"hc_post"}
+        check.refuse(k, ReferenceKernels(e._model.w), r)
+        e._model.k = k
+        got, toks = _run(e)
+    assert toks == want_toks and rel_err(got, want) <= 1e-4
+
+
+def test_select_checks_gpu_kernels_only_when_enabled(weights, monkeypatch) -> None:
+    monkeypatch.setattr(gpu, "GpuKernels", HarnessGpu)
+    k, note = select("cuda", weights, "cuda")
+    assert note is None and k.check.refused == {} and len(k.check.results) >= 10
+    monkeypatch.setenv("DS4_KERNEL_CHECK", "0")
+    k, note = select("cuda", weights, "cuda")
+    assert note is None and not hasattr(k, "check")
+    k, _ = select("cpu", weights, "cpu-exact")  # the CPU kernels are tested in CI; not checked at open
+    assert not hasattr(k, "check")
+
+
+def test_inspect_kernels_prints_the_check(demo_path, capsys, monkeypatch) -> None:
+    from ds4agent.cli import main
+
+    assert main(["inspect", str(demo_path), "--kernels", "cpu-exact"]) == 0
+    out = capsys.readouterr().out
+    assert "kernels       cpu-exact on cpu: self-check now against the MLX reference on the same device" in out
+    assert "nothing refused" in out
+    for op in check.operations():
+        assert f"\n              {op} " in out
+    assert main(["inspect", str(demo_path), "--kernels", "reference"]) == 0
+    assert "nothing to check" in capsys.readouterr().out
+    # GPU kernels (bodies on the CPU): the report of the check made at open, refusals included.
+    # Engine.open cannot pick a GPU backend here, so it builds the engine as _engine does.
+    from ds4agent.engine import engine as engine_mod
+    from ds4agent.engine import info
+
+    monkeypatch.setattr(gpu, "GpuKernels", HarnessGpu)
+    _plant(monkeypatch, "wrong")
+    monkeypatch.setattr(engine_mod.Engine, "open", classmethod(lambda cls, p, backend="auto", ctx=32768, qat_sim=True,
+                                                                     kernels=None: _engine(p, kernels)))
+    lines = info.kernel_report(demo_path, "cuda", "cuda")
+    assert "self-check at open" in lines[0] and "1 operations refused (the reference runs them)" in lines[0]
+    assert any("REFUSED" in ln for ln in lines) and any("mismatch: relative error" in ln for ln in lines)
+    assert lines[1].startswith("              note: cuda kernels refused by the self-check, experts:")
