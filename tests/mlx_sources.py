@@ -378,6 +378,14 @@ def _kernel_args(inputs) -> list[Arg]:
     return [Arg(d, len(shape), int(np.prod(shape, dtype=np.int64))) for d, shape in inputs]
 
 
+def instance_key(call) -> tuple:
+    """What decides the generated source of a recorded launch, on either backend: the kernel,
+    its template arguments, and per input the dtype, whether it is a scalar, and whether it
+    has fewer than 8 elements (write_signature puts those in Metal's constant memory)."""
+    name, template, inputs = call
+    return name, tuple(template), tuple((a.dtype, a.ndim == 0, a.size < 8) for a in _kernel_args(inputs))
+
+
 def cuda_instances(calls) -> dict[str, tuple[str, str]]:
     """The distinct CUDA sources of recorded launches (gpu_harness: (name, template, inputs)):
     text -> (the name expression MLX has NVRTC lower, a label)."""
@@ -397,10 +405,10 @@ def metal_instances(calls) -> dict[str, str]:
 
     seen: dict[tuple, str] = {}
     out: dict[str, str] = {}
-    for name, template, inputs in calls:
-        # What write_signature depends on: dtypes, scalar or not, fewer than 8 elements or not.
+    for call in calls:
+        name, template, inputs = call
         args = _kernel_args(inputs)
-        key = (name, template, tuple((a.dtype, a.ndim == 0, a.size < 8) for a in args))
+        key = instance_key(call)
         if key in seen:
             continue
         ins, outs, body = gpu.source(name.removeprefix("ds4_"), "metal")

@@ -250,3 +250,24 @@ def test_inspect_kernels_prints_the_check(demo_path, capsys, monkeypatch) -> Non
     assert "self-check at open" in lines[0] and "1 operations refused (the reference runs them)" in lines[0]
     assert any("REFUSED" in ln for ln in lines) and any("mismatch: relative error" in ln for ln in lines)
     assert lines[1].startswith("              note: cuda kernels refused by the self-check, experts:")
+
+
+@pytest.mark.parametrize("model", ["demo_path", "demo_q4_path", "flash_header_path"])
+def test_the_probes_launch_every_instantiation_the_engine_can(request, model: str) -> None:
+    """So the check at open compiles and runs every kernel the engine will later use: the
+    probes' launches cover the compile tests' enumeration (gpu_harness.launches_of), Metal's
+    constant/device variants included. On the Flash layout nothing runs (launches recorded)."""
+    import mlx.core as mx
+
+    from gpu_harness import launches_of, recording_make
+    from mlx_sources import instance_key
+
+    path = request.getfixturevalue(model)
+    calls: list = []
+    with Engine.open(path, backend="cpu", kernels="reference") as e:
+        k = gpu.GpuKernels(e._model.w, "metal", make=recording_make(calls))
+        k._bytes = lambda name: mx.zeros((64,), dtype=mx.uint8)
+        for op in ("linear", "experts", "attend"):
+            for _, args in check._probe_cases(e._model.w)[op]:
+                getattr(k, op)(*check._in(mx, op, args))
+    assert {instance_key(c) for c in calls} == {instance_key(c) for c in launches_of(path, "metal")}

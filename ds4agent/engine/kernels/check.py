@@ -13,9 +13,11 @@ the engine reports one line. The engine runs this for the metal and cuda kernels
 (DS4_KERNEL_CHECK=0 skips it); ``ds4 inspect --kernels`` runs it for any kernel set and prints
 the results; the tests run it on the CPU kernels and on GPU kernels whose bodies run on the CPU.
 
-What it cannot catch: a kernel that hangs, one that is right on these probes and wrong
-elsewhere (the probes cover every kernel instantiation the demo and Flash models compile, but
-only a few sizes), and errors of the reference itself on this device.
+The probes launch every kernel instantiation the engine can use on the demo and Flash models
+(tests/test_kernel_check.py checks this against the compile tests' enumeration), so a kernel
+that will not compile on this machine is found here, not mid-answer. What it cannot catch: a
+kernel that hangs, one that is right on these few sizes and wrong on others, a GPU error that
+leaves the device unusable for the reference too, and errors of the reference itself.
 """
 
 from __future__ import annotations
@@ -144,7 +146,7 @@ def _probe_cases(w: Weights, seed: int = 0) -> dict[str, list[tuple[str, tuple]]
     G, n = cfg.n_out_group, f.tensors[name].shape[1]
     for T in (1, 2):
         cases["grouped"].append((f"{name} T={T}", (normal(T, G, n), name)))
-    # Routed experts: the first layer of each quantisation mix, one token and two.
+    # Routed experts: the first layer of each quantisation mix.
     seen = set()
     for layer in range(cfg.n_layer):
         p = f"blk.{layer}.ffn_"
@@ -157,14 +159,19 @@ def _probe_cases(w: Weights, seed: int = 0) -> dict[str, list[tuple[str, tuple]]
         rest = np.setdiff1d(np.arange(cfg.n_expert), first)
         second = np.concatenate([first[: k // 2], rng.choice(rest, k - k // 2, replace=False)])
         clamp = float(cfg.swiglu_clamp[layer])
-        for T, sel in ((1, first[None]), (2, np.stack([first, rng.permutation(second)]))):
+        # One token, and enough that the slot arrays have 8 elements or more (Metal gets smaller
+        # inputs in constant memory: a different kernel source).
+        many = max(2, -(-8 // k))
+        more = np.stack([first, rng.permutation(second)] + [rng.choice(cfg.n_expert, k, replace=False)
+                                                              for _ in range(many - 2)])
+        for T, sel in ((1, first[None]), (many, more)):
             route = rng.uniform(0.1, 1.0, (T, k)).astype(np.float32)
             cases["experts"].append((f"layer {layer} {'/'.join(mix)} T={T}",
                                      (layer, normal(T, cfg.n_embd), sel.astype(np.int64), route, clamp)))
     # Attention over K = V rows with the layer's real sinks; few and many visible rows.
     H, D = cfg.n_head, cfg.head_dim
     sinks = np.array(w.get("blk.0.attn_sinks.weight"), dtype=np.float32)
-    for T, N, V in ((1, 48, 20), (1, 48, 3), (2, 40, 30)):
+    for T, N, V in ((1, 48, 20), (1, 48, 3), (1, 48, 1), (2, 40, 30)):
         mask = np.zeros((T, N), bool)
         for t in range(T):
             mask[t, rng.choice(N, V, replace=False)] = True
