@@ -1,0 +1,139 @@
+"""What each kernel path holds of the routed experts: never a whole expert tensor dequantised,
+never more than the experts a call's tokens selected.
+
+The reference path is what a Mac user gets when a GPU kernel is refused (tests/test_kernel_check.py),
+so it must hold the real model (81 GiB) in 128 GiB: the dense weights are materialised once
+(Q8_0 repacked losslessly, F16 kept as F16), the routed experts (73 GiB of the file) stay in the
+mmap and only the selected experts' rows are dequantised, expert by expert
+(bench/reference_memory.py measures the peak on real-dimension layers). Checked here on the
+demo model for every path a session takes: the reference kernels, the GPU kernels' own
+fallbacks (products of more than DECODE_MAX_T tokens), GPU kernels whose expert kernel the
+self-check refused, and the CPU kernels.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ds4agent.engine import Engine, SamplingParams, weights as weights_mod
+from ds4agent.engine.kernels import gpu
+from ds4agent.engine.weights import Weights
+from gpu_harness import harness_make
+from test_kernel_check import BUGS, HarnessGpu, _engine, _plant
+
+
+class Spy:
+    """Records every dequantisation, every expert matrix asked for, every dense tensor
+    materialised, and per call of the kernels' experts(): the experts its tokens selected and
+    the experts it dequantised."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.dequantised: list[tuple[int, ...]] = []
+        self.got: list[str] = []
+        self.calls: list[tuple[set, set, int]] = []  # (selected, dequantised, tokens)
+        self._current: set | None = None
+        real_dq, real_expert, real_get = weights_mod.dequantize, Weights.expert, Weights.get
+
+        def dequantize(raw, qtype):
+            self.dequantised.append(tuple(raw.shape))
+            return real_dq(raw, qtype)
+
+        def expert(w, layer, kind, e):
+            if self._current is not None:
+                self._current.add((layer, int(e)))
+            return real_expert(w, layer, kind, e)
+
+        def get(w, name):
+            self.got.append(name)
+            return real_get(w, name)
+
+        monkeypatch.setattr(weights_mod, "dequantize", dequantize)
+        monkeypatch.setattr(Weights, "expert", expert)
+        monkeypatch.setattr(Weights, "get", get)
+
+    def watch(self, kernels) -> None:
+        real = kernels.experts
+
+        def experts(layer, x, sel, weights, clamp):
+            self._current = set()
+            try:
+                return real(layer, x, sel, weights, clamp)
+            finally:
+                self.calls.append(({(layer, int(e)) for e in np.unique(sel)}, self._current, len(sel)))
+                self._current = None
+
+        kernels.experts = experts
+
+    def check(self, f, cfg, reference_tokens: int) -> None:
+        """No dense materialisation of an expert tensor or the embedding; no dequantisation of
+        more than one expert's rows at once; each experts() call dequantised only experts its
+        tokens selected, all of them when it ran on the reference (more than
+        ``reference_tokens`` tokens)."""
+        assert not [n for n in self.got if "_exps." in n or n == "token_embd.weight"]
+        one_expert = {(cfg.expert_ff, f.tensors["blk.0.ffn_gate_exps.weight"].row_bytes),
+                      (cfg.n_embd, f.tensors["blk.0.ffn_down_exps.weight"].row_bytes)}
+        assert not [s for s in self.dequantised if len(s) > 2]
+        expert_rows = [s for s in self.dequantised if s in one_expert]
+        assert self.calls and all(dq <= sel for sel, dq, _ in self.calls)
+        assert all(dq == sel for sel, dq, T in self.calls if T > reference_tokens)
+        assert len(expert_rows) == 3 * sum(len(dq) for _, dq, _ in self.calls)
+        assert any(T == 1 for _, _, T in self.calls)
+
+
+def _session(e: Engine) -> None:
+    s = e.session()
+    ids = np.random.default_rng(2).integers(1000, 120000, 30).tolist()
+    s.sync(ids)  # 30 tokens: more than DECODE_MAX_T
+    s.sync(ids + [5, 6, 7])  # a 3-token product
+    list(s.generate(SamplingParams(temperature=0), max_tokens=3, stop_at_eos=False))  # one token each
+
+
+def test_reference_path(demo_path, monkeypatch) -> None:
+    spy = Spy(monkeypatch)
+    with Engine.open(demo_path, backend="cpu", ctx=256, kernels="reference") as e:
+        spy.watch(e._model.k)
+        _session(e)
+        spy.check(e._file, e.info.config, 0)
+        assert e._model.w.materialised_bytes() < 64 * 2**20
+
+
+def test_gpu_kernels_and_their_fallbacks(demo_path, monkeypatch) -> None:
+    """GpuKernels: up to DECODE_MAX_T tokens in the kernels (the experts' packed bytes go to the
+    device as they are, dequantised only in registers), more on the reference, per expert."""
+    spy = Spy(monkeypatch)
+    with Engine.open(demo_path, backend="cpu", ctx=256, kernels="reference") as e:
+        k = e._model.k = gpu.GpuKernels(e._model.w, "cuda", make=harness_make("cuda"))
+        spy.watch(k)
+        _session(e)
+        spy.check(e._file, e.info.config, gpu.DECODE_MAX_T)
+        assert any(not dq for sel, dq, T in spy.calls if T <= gpu.DECODE_MAX_T)  # the kernels ran
+        raw = {n: a for n, a in k._raw.items() if "_exps." in n}
+        assert raw and all(str(a.dtype) == "mlx.core.uint8" and a.size == e._file.tensors[n].nbytes for n, a in raw.items())
+
+
+def test_refused_expert_kernel_holds_nothing_of_the_experts(demo_path, monkeypatch) -> None:
+    """The self-check refuses a wrong expert kernel: from then on every experts() call runs on
+    the reference, per selected expert, and no expert tensor is held on the device."""
+    monkeypatch.setattr(gpu, "GpuKernels", HarnessGpu)
+    _plant(monkeypatch, "wrong")
+    assert BUGS["wrong"][2] == "experts"
+    spy = Spy(monkeypatch)
+    with _engine(demo_path, "cuda") as e:
+        k = e._model.k
+        assert set(e.info.kernel_check.refused) == {"experts"}
+        spy.calls.clear()
+        spy.dequantised.clear()  # the check's probes at open (one layer's selected experts)
+        spy.watch(k)
+        _session(e)
+        spy.check(e._file, e.info.config, 0)
+        assert not [n for n in k._raw if "_exps." in n]
+
+
+@pytest.mark.parametrize("kernels", ["cpu", "cpu-exact"])
+def test_cpu_kernels_dequantise_nothing(demo_path, monkeypatch, kernels: str) -> None:
+    spy = Spy(monkeypatch)
+    with Engine.open(demo_path, backend="cpu", ctx=256, kernels=kernels) as e:
+        _session(e)
+        assert not [n for n in spy.got if "_exps." in n or n == "token_embd.weight"]
+        assert spy.dequantised == []
