@@ -136,10 +136,17 @@ def build_parser() -> argparse.ArgumentParser:
                         "the exit status says why it stopped (see README)"),
         ag.add_argument("--json", action="store_true", help="with -p: one JSON object per event on stdout"),
         ag.add_argument("--approval", choices=("ask", "auto-edit", "yolo"), default="ask",
-                        help="ask (default): edits and commands need a yes; auto-edit: edits run; yolo: all runs "
-                             "(dangerous commands always ask; headless, anything needing a yes is refused)"),
+                        help="ask (default): edits and commands need a yes; auto-edit: edits and read-only commands "
+                             "run; yolo: all runs (dangerous commands always ask; headless, anything needing a yes is "
+                             "refused)"),
+        ag.add_argument("--sandbox", choices=("read-only", "workspace-write", "full-access"), default=None,
+                        help="what shell commands may write: workspace-write (default outside yolo: the workspace "
+                             "and the temporary directory, .git read-only), read-only, or full-access (yolo's default)"),
         ag.add_argument("--resume", nargs="?", const="", metavar="SHA",
                         help="resume a saved session (a picker without SHA)")]
+    ag.add_argument("--no-network", action="store_true", help="sandboxed shell commands get no network")
+    ag.add_argument("--allow-write", action="append", default=[], metavar="DIR",
+                    help="another directory sandboxed commands may write (a cache, say); repeatable")
     ag.add_argument("--sessions", metavar="DIR", help="where saved sessions live")
     _add_thinking(ag, think_max=False)
     _add_generation(ag, 16384, "most tokens per model turn", 65536)
@@ -367,7 +374,12 @@ def cmd_agent(args: argparse.Namespace) -> int:
     ws = Workspace.discover()
     engine = _open_engine(choice.path, args, args.ctx)
     store = SessionStore(args.sessions) if args.sessions else SessionStore()
-    agent = Agent(engine, ws, Policy(args.approval), None, sampling=sampling, max_tokens=args.tokens, mode=args.mode)
+    policy = Policy(args.approval, sandbox=args.sandbox, network=not args.no_network,
+                    writable=tuple(os.path.abspath(d) for d in args.allow_write))
+    note = policy.startup_note()
+    if note:
+        print(f"ds4: {note}", file=sys.stderr)
+    agent = Agent(engine, ws, policy, None, sampling=sampling, max_tokens=args.tokens, mode=args.mode)
     interactive = task is None and is_interactive(sys.stdin, sys.stdout)
     err = Out(sys.stderr, tty=False)
     agent.prime(store)
@@ -387,7 +399,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     if not interactive:
         raise UsageError("ds4 agent needs a terminal, or a task with -p")
     banner = (f"ds4agent {__version__} agent | {engine.info.name} | workspace {ws.root} | context {args.ctx} | "
-              f"approvals: {args.approval}")
+              f"approvals: {args.approval} | sandbox: {policy.describe(detail=True)}")
     return run_agent_tty(agent, store, default_history_file(), banner)
 
 

@@ -150,7 +150,7 @@ def test_edit_approvals_by_mode(engine, ws, mode, answer, expect) -> None:
 
 def test_headless_refuses_shell_without_a_mode(engine, ws) -> None:
     a = _make(engine, ws, "auto-edit", None)
-    Script(a, ["run</think>" + call("bash", command="echo hi"), "ok</think>Could not run it." + EOS])
+    Script(a, ["run</think>" + call("bash", command="touch made-by-the-model"), "ok</think>Could not run it." + EOS])
     events = list(a.run("run echo"))
     assert any(e.kind == "refused" for e in events)
     assert "no one can approve it in this mode" in a.conv.transcript.text
@@ -347,14 +347,29 @@ def test_tty_approver_answers_and_rendering(tmp_path) -> None:
     from ds4agent.ui.chat import Out
 
     out = Out(io.StringIO(), tty=True)
-    answers = iter(["y", "n", "a", "a", ""])
-    approve = tty_approver(out, lambda q: next(answers))
-    edit = Request("edit", "edit src/app.py", "changes a file", "edit")
-    danger = Request("bash", "$ rm -rf /", "dangerous command (recursive or forced delete)", "dangerous")
-    assert [approve(edit), approve(edit), approve(edit)] == ["yes", "no", "always"]
-    assert approve(danger) == "no"  # "always" is not offered for dangerous commands
+    asked: list[str] = []
+    answers = iter(["y", "n", "a", "y", "a", "n", "y", "a", "n", "n", "a", ""])
+
+    def ask(q: str) -> str:
+        asked.append(q)
+        return next(answers)
+
+    approve = tty_approver(out, ask)
+    edit = Request("edit", "edit src/app.py", "changes a file", "edit", scope="file edits inside the workspace",
+                   grants=(("edit",),))
+    shell = Request("bash", "$ pytest -x", "runs a shell command", "shell", scope="commands starting with `pytest`",
+                    grants=(("shell", "pytest"),))
+    danger = Request("bash", "$ rm -rf /", "dangerous command (recursive delete)", "dangerous")
+    assert [approve(edit), approve(edit)] == ["yes", "no"]
+    assert approve(shell) == "always"  # a, then confirmed
+    assert "`pytest`" in asked[-1] and "Always allow" in asked[-1]  # the prefix is shown in the confirmation
+    assert approve(shell) == "yes"  # a, not confirmed, then "this once"
+    assert approve(shell) == "no"  # a, not confirmed, not this once either
+    assert approve(danger) == "no"  # "a" means nothing where "always" is not offered
+    assert "[a]lways" not in asked[-1]
     assert approve(edit) == "no"  # no answer is no
-    assert "edit src/app.py" in out.stream.getvalue()
+    text = out.stream.getvalue()
+    assert "edit src/app.py" in text and "always allow commands starting with `pytest`" in text
     colored = color_diff("--- a/x\n+++ b/x\n@@ -1 +1 @@\n-old\n+new\n")
     assert "\x1b[31m-old" in colored and "\x1b[32m+new" in colored
 
@@ -384,7 +399,7 @@ def test_stop_reasons(engine, ws, monkeypatch) -> None:
 
 def test_stop_reason_refused_and_error(engine, ws, monkeypatch) -> None:
     a = _make(engine, ws, "auto-edit", None)
-    Script(a, ["run</think>" + call("bash", command="echo hi"), "ok</think>Could not run it." + EOS])
+    Script(a, ["run</think>" + call("bash", command="touch made-by-the-model"), "ok</think>Could not run it." + EOS])
     assert _stop(list(a.run("run echo"))) == "refused"
     Script(a, ["ok</think>Fine." + EOS])
     assert _stop(list(a.run("again"))) == "end_turn"  # a refusal counts for its own run only

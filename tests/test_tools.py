@@ -243,8 +243,10 @@ def test_modes(ws) -> None:
     assert d == "refused"  # but not shell commands
     r, d = call(ws, "write", mode="auto-edit", path="b.txt", content="x")
     assert d == "auto" and r.ok
-    r, d = call(ws, "bash", mode="auto-edit", approve=approver("yes"), command="echo hi")
-    assert d == "approved" and "hi" in r.text
+    r, d = call(ws, "bash", mode="auto-edit", approve=approver("yes"), command="touch c.txt && echo hi")
+    assert d == "approved" and "hi" in r.text and (ws.root / "c.txt").exists()
+    r, d = call(ws, "bash", mode="auto-edit", command="echo hi")  # read-only list: runs, in the sandbox
+    assert d == ("auto" if Policy("auto-edit").confined() else "refused")
     r, d = call(ws, "bash", mode="yolo", command="echo hi")
     assert d == "auto"
 

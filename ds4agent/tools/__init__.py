@@ -1,11 +1,12 @@
-"""The agent's tools: files, search, shell, outline; and the policy that gates them."""
+"""The agent's tools: files, search, shell, outline; and the policy that gates them (parsed
+shell commands, scoped approvals, the OS sandbox)."""
 
 from __future__ import annotations
 
 from .base import Tool, ToolError, ToolResult, Workspace
 from .files import TOOLS as _FILES
 from .outline import TOOLS as _OUTLINE
-from .policy import MODES, Approver, Policy, Request, run_tool
+from .policy import MODES, SANDBOX_MODES, Approver, Policy, Request, run_tool
 from .search import TOOLS as _SEARCH
 from .shell import TOOLS as _SHELL
 
@@ -14,4 +15,4 @@ def all_tools() -> dict[str, Tool]:
     return {t.name: t for t in (*_FILES, *_SEARCH, *_SHELL, *_OUTLINE)}
 
 
-__all__ = ["MODES", "Approver", "Policy", "Request", "Tool", "ToolError", "ToolResult", "Workspace", "all_tools", "run_tool"]
+__all__ = ["MODES", "SANDBOX_MODES", "Approver", "Policy", "Request", "Tool", "ToolError", "ToolResult", "Workspace", "all_tools", "run_tool"]

@@ -24,6 +24,7 @@ class ToolResult:
     summary: str
     ok: bool = True
     detail: str = ""
+    blocked: str = ""  # shell commands: why the sandbox probably stopped it ("" when it did not)
 
 
 class ToolError(Exception):

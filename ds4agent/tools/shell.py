@@ -3,6 +3,9 @@
 Output is capped for the model (head and tail kept, the middle elided); the full output goes to
 a spill file whose path is given, and spill files are removed when the program exits. A command
 runs in its own process group so a timeout or a stop kills everything it started.
+
+``sandbox`` (from the policy: a sandbox.Backend and the command's Confinement) runs the command
+under the OS sandbox; a failure the sandbox probably caused is named in ``ToolResult.blocked``.
 """
 
 from __future__ import annotations
@@ -60,10 +63,14 @@ def _kill(proc: subprocess.Popen) -> None:
         pass
 
 
-def _start(ws: Workspace, command: str, out_path: Path) -> subprocess.Popen:
+def _start(ws: Workspace, command: str, out_path: Path, sandbox=None) -> subprocess.Popen:
+    argv = ["bash", "-c", command]
+    if sandbox is not None:
+        backend, conf = sandbox
+        argv = backend.wrap(argv, conf)
     fh = open(out_path, "wb")
     try:
-        return subprocess.Popen(["bash", "-c", command], cwd=ws.root, stdin=subprocess.DEVNULL, stdout=fh,
+        return subprocess.Popen(argv, cwd=ws.root, stdin=subprocess.DEVNULL, stdout=fh,
                                 stderr=subprocess.STDOUT, start_new_session=True)
     finally:
         fh.close()
@@ -91,12 +98,12 @@ class Jobs:
         self._lock = threading.Lock()
         atexit.register(self.stop_all)
 
-    def add(self, ws: Workspace, command: str) -> Job:
+    def add(self, ws: Workspace, command: str, sandbox=None) -> Job:
         with self._lock:
             n = self._next
             self._next += 1
         out = _spill_dir() / f"job-{n}.log"
-        job = Job(n, command, _start(ws, command, out), out)
+        job = Job(n, command, _start(ws, command, out, sandbox), out)
         self.jobs[n] = job
         return job
 
@@ -114,7 +121,7 @@ class Jobs:
 JOBS = Jobs()
 
 
-def bash(ws: Workspace, args: dict, jobs: Jobs = JOBS) -> ToolResult:
+def bash(ws: Workspace, args: dict, jobs: Jobs = JOBS, sandbox=None) -> ToolResult:
     command = arg(args, "command", str, required=True)
     if not command.strip():
         raise ToolError("command is empty")
@@ -122,11 +129,11 @@ def bash(ws: Workspace, args: dict, jobs: Jobs = JOBS) -> ToolResult:
     if not 1 <= timeout <= MAX_TIMEOUT:
         raise ToolError(f"timeout must be 1..{MAX_TIMEOUT} seconds")
     if arg(args, "background", bool, False):
-        job = jobs.add(ws, command)
+        job = jobs.add(ws, command, sandbox)
         return ToolResult(f"started background job {job.id}; check it with job(id={job.id}, action=\"status\")",
                           f"$ {command}  (background job {job.id})")
     out_path = _spill_dir() / f"run-{time.monotonic_ns()}.log"
-    proc = _start(ws, command, out_path)
+    proc = _start(ws, command, out_path, sandbox)
     started = time.monotonic()
     timed_out = stopped = False
     # Polled rather than one wait: Esc / Ctrl+C only set ws.stop (the command runs in its own
@@ -153,7 +160,14 @@ def bash(ws: Workspace, args: dict, jobs: Jobs = JOBS) -> ToolResult:
     else:
         status = f"exit status {code}"
     result = (body + "\n" if body else "") + f"[{status}; {elapsed:.1f} s]"
-    return ToolResult(result, f"$ {command}  ({status})", ok=not (timed_out or stopped) and code == 0)
+    ok = not (timed_out or stopped) and code == 0
+    blocked = ""
+    if sandbox is not None and not ok and not (timed_out or stopped):
+        from .sandbox import denial
+
+        blocked = denial(text, code, sandbox[1])
+    summary = f"$ {command}  ({status}{'; stopped by the sandbox' if blocked else ''})"
+    return ToolResult(result, summary, ok=ok, blocked=blocked)
 
 
 def job(ws: Workspace, args: dict, jobs: Jobs = JOBS) -> ToolResult:

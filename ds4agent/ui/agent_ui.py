@@ -8,14 +8,16 @@ from typing import IO, Callable
 
 from ..agent import Agent, AgentEvent, event_json
 from ..sessions import SessionStore, StoreError
-from ..tools import MODES, Request
+from ..tools import MODES, SANDBOX_MODES, Request
 from .chat import COMMANDS, ID_CHARS, RESET, ChatCommands, Out, Renderer, _ago, _k, run_tty, session_kind, stop_note
 
-GREEN, RED, YELLOW = "\x1b[32m", "\x1b[31m", "\x1b[33m"
+GREEN, RED, YELLOW, GREY = "\x1b[32m", "\x1b[31m", "\x1b[33m", "\x1b[90m"
 
 AGENT_COMMANDS = {**{k: v for k, v in COMMANDS.items() if k != "/system"},
                   "/compact": "summarise the conversation to free context",
-                  "/approval": "ask|auto-edit|yolo: how much runs without asking"}
+                  "/approval": "ask|auto-edit|yolo: how much runs without asking (no argument: the mode and the "
+                               "session's 'always' answers; 'clear' forgets them)",
+                  "/sandbox": "read-only|workspace-write|full-access: what shell commands may write"}
 
 
 def color_diff(diff: str) -> str:
@@ -65,21 +67,48 @@ class AgentCommands(ChatCommands):
         self.out.note("nothing to compact yet")
 
     def cmd_approval(self, arg: str) -> None:
-        if arg not in MODES:
-            self.out.note(f"approval mode is {self.agent.policy.mode}; choose one of {', '.join(MODES)}", error=bool(arg))
+        pol = self.agent.policy
+        if arg == "clear":
+            pol.always.clear()
+            self.out.note("forgot this session's 'always' answers")
             return
-        self.agent.policy.mode = arg
-        self.agent.policy.always.clear()
-        self.out.note(f"approval mode: {arg}")
+        if arg not in MODES:
+            rules = pol.rules()
+            self.out.note(f"approval mode is {pol.mode}, sandbox {pol.describe()}; choose one of {', '.join(MODES)}"
+                          + (f"; 'always' answers: {'; '.join(rules)}" if rules else "; no 'always' answers yet"),
+                          error=bool(arg))
+            return
+        pol.mode = arg
+        pol.always.clear()
+        self.out.note(f"approval mode: {arg} (sandbox: {pol.describe()})")
+
+    def cmd_sandbox(self, arg: str) -> None:
+        pol = self.agent.policy
+        if arg not in SANDBOX_MODES:
+            self.out.note(f"sandbox is {pol.describe()}; choose one of {', '.join(SANDBOX_MODES)}", error=bool(arg))
+            return
+        pol.sandbox = arg
+        self.out.note(f"sandbox: {pol.describe()}")
+        note = pol.startup_note()
+        if note:
+            self.out.note(note, error=True)
 
 
 def tty_approver(out: Out, ask_text: Callable[[str], str]) -> Callable[[Request], str]:
+    """y / n, or a = always for the scope the request names (a command prefix such as
+    `pytest`, file edits, reads below one directory): the scope is shown and must be confirmed.
+    Dangerous and unreadable commands, and running outside the sandbox, offer no "always"."""
     def approve(req: Request) -> str:
         out.line(f"⚠ {req.summary}", YELLOW)
-        choices = "[y]es / [n]o" + ("" if req.kind == "dangerous" else " / [a]lways for this session")
+        if req.scope:
+            out.line(f"  a = always allow {req.scope} (this session)", GREY)
+        choices = "[y]es / [n]o" + (" / [a]lways" if req.scope else "")
         answer = ask_text(f"  {req.reason}. Allow? {choices}: ")
-        if answer in ("a", "always") and req.kind != "dangerous":
-            return "always"
+        if answer in ("a", "always") and req.scope:
+            sure = ask_text(f"  Always allow {req.scope}, without asking, for the rest of this session? [y]es / [n]o: ")
+            if sure in ("y", "yes"):
+                return "always"
+            answer = ask_text("  Run it this once? [y]es / [n]o: ")
         return "yes" if answer in ("y", "yes") else "no"
 
     return approve
@@ -138,8 +167,10 @@ def run_agent_tty(agent: Agent, store: SessionStore, history_file: Path | None, 
         agent.approve = tty_approver(out, ask_text)
         run_agent_turn(agent, text, out, state["show_thinking"])
 
+    pol = agent.policy
     return run_tty(agent.conv, store, history_file, banner=banner, prompt="ds4 agent> ",
-                   make_commands=lambda out, ask: AgentCommands(agent, store, out, ask), runner=runner, **io)
+                   make_commands=lambda out, ask: AgentCommands(agent, store, out, ask), runner=runner,
+                   status=lambda: f"| {pol.mode} · sandbox {pol.describe()} ", **io)
 
 
 # Exit status of `ds4 agent -p` for each stop reason (agent.STOP_REASONS; 2 is a usage error).

@@ -403,9 +403,9 @@ Runner = Callable[[str, Out, dict, Callable[[str], str]], None]
 def run_tty(conv: Conversation, store: SessionStore, history_file: Path | None, *, input=None, output=None,
             stdout: IO[str] | None = None, banner: str | None = None, on_step: Callable[[], None] | None = None,
             make_commands: Callable[[Out, Callable[[str], bool]], ChatCommands] | None = None,
-            runner: Runner | None = None, prompt: str = "ds4> ") -> int:
+            runner: Runner | None = None, prompt: str = "ds4> ", status: Callable[[], str] | None = None) -> int:
     """The interactive loop. ``input``/``output``/``stdout`` are injectable for tests; the agent
-    passes its own commands and turn runner."""
+    passes its own commands, turn runner and status line part (approval mode and sandbox)."""
     from prompt_toolkit import PromptSession
     from prompt_toolkit.completion import Completer, Completion, PathCompleter
     from prompt_toolkit.document import Document
@@ -468,7 +468,8 @@ def run_tty(conv: Conversation, store: SessionStore, history_file: Path | None, 
             pass
     session = PromptSession(history=history, completer=Commands(), key_bindings=kb, multiline=True,
                             complete_while_typing=True, enable_history_search=False, input=input, output=output,
-                            bottom_toolbar=lambda: status_text(conv) + ("" if state["show_thinking"] else "| reasoning hidden "),
+                            bottom_toolbar=lambda: status_text(conv) + (status() if status else "")
+                            + ("" if state["show_thinking"] else "| reasoning hidden "),
                             prompt_continuation=lambda width, line, soft: "." * (width - 1) + " ")
     cmds = make_commands(out, ask) if make_commands else ChatCommands(conv, store, out, ask)
     names.update(cmds.commands)
