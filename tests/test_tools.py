@@ -462,3 +462,114 @@ def test_spill_files_and_jobs_are_cleaned_up_at_exit(tmp_path) -> None:
     assert not spill.exists() and not spill.parent.exists()
     left = subprocess.run(["pgrep", "-f", "sleep 300"], capture_output=True, text=True)
     assert left.stdout.strip() == ""
+
+
+# -- file tools never leave the workspace through symlinks, never touch any .git -----------------
+
+@pytest.fixture()
+def linked(tmp_path: Path) -> Workspace:
+    """A repository with symlinks out of it (a directory and a file), a symlink inside it, and
+    a nested repository; outside, files whose contents must never show."""
+    root = tmp_path / "repo"
+    (root / "src").mkdir(parents=True)
+    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+    (root / "src" / "app.py").write_text("def main():\n    return 'needle'\n")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.py").write_text("def secret():\n    return 'needle'\n")
+    (tmp_path / "lone.py").write_text("def lone():\n    return 'needle'\n")
+    os.symlink(outside, root / "link")
+    os.symlink(tmp_path / "lone.py", root / "flink.py")
+    os.symlink(root / "src", root / "inner")
+    (root / "vendor" / "lib").mkdir(parents=True)
+    subprocess.run(["git", "init", "-q"], cwd=root / "vendor" / "lib", check=True)
+    (root / "vendor" / "lib" / "lib.py").write_text("def lib():\n    return 'needle'\n")
+    return Workspace(root)
+
+
+@pytest.mark.parametrize("git", [True, False])
+def test_search_outline_list_never_follow_symlinks(linked, git) -> None:
+    if not git:  # a workspace that is not a repository: the walk, not git, finds the files
+        import shutil
+
+        shutil.rmtree(linked.root / ".git")
+    r, _ = call(linked, "search", mode="auto-edit", pattern="needle")
+    assert "src/app.py" in r.text and "secret" not in r.text and "lone" not in r.text and "inner/" not in r.text
+    r, _ = call(linked, "outline", mode="auto-edit", path=".")
+    assert "def main" in r.text and "secret" not in r.text and "lone" not in r.text
+    r, _ = call(linked, "list", mode="auto-edit")
+    assert "link -> " in r.text and "(symlink, not followed)" in r.text and "secret" not in r.text
+    assert "flink.py -> " in r.text
+    r, d = call(linked, "search", mode="auto-edit", pattern="needle", path="link")
+    assert d == "refused" and "symlink that leads outside" in r.text  # naming the link itself asks
+    r, d = call(linked, "outline", mode="auto-edit", path="flink.py")
+    assert d == "refused" and "lone" not in r.text
+
+
+def test_nothing_inside_any_git_is_listed_or_searched(linked) -> None:
+    import shutil
+
+    hooks = linked.root / "vendor" / "lib" / ".git" / "hooks"
+    hooks.mkdir(parents=True, exist_ok=True)
+    (hooks / "needle.py").write_text("def hook(): 'needle'\n")
+    shutil.rmtree(linked.root / ".git")  # the walk (no git) must skip nested .git too
+    r, _ = call(linked, "search", mode="auto-edit", pattern="needle")
+    assert "vendor/lib/lib.py" in r.text and ".git" not in r.text
+    r, _ = call(linked, "list", mode="auto-edit", path="vendor/lib")
+    assert "lib.py" in r.text and ".git" not in r.text
+
+
+@pytest.mark.parametrize("path", ["vendor/lib/.git/hooks/pre-commit", ".git/hooks/pre-commit", "a/b/.git/config",
+                                  ".GIT/config", "vendor/lib/.Git/hooks/post-checkout", ".g\u200cit/hooks/x",
+                                  "x/.git./config", "src/../vendor/lib/.git/config", ".git", "vendor/lib/.git"])
+def test_writes_into_any_git_need_approval(linked, path) -> None:
+    for tool, args in (("write", {"content": "#!/bin/sh\ntouch /tmp/pwned\n"}), ("edit", {"old": "x", "new": "y"})):
+        pol = Policy("auto-edit")
+        pol.always.add(("edit",))
+        r, d = run_tool(TOOLS, tool, {"path": path, **args}, linked, pol, None)
+        assert d == "refused" and "inside .git" in r.text, (tool, path, r.text)
+    assert not (linked.root / "vendor" / "lib" / ".git" / "hooks" / "pre-commit").exists()
+
+
+def test_the_nested_repository_hook_of_the_issue_is_not_written(linked) -> None:
+    """auto-edit wrote vendor/lib/.git/hooks/pre-commit, and the hook then ran: no longer."""
+    r, d = call(linked, "write", mode="auto-edit", path="vendor/lib/.git/hooks/pre-commit",
+                content="#!/bin/sh\necho HOOK RAN > ../../hook-ran\n")
+    assert d == "refused"
+    subprocess.run(["git", "commit", "-q", "--allow-empty", "-m", "x"], cwd=linked.root / "vendor" / "lib",
+                   capture_output=True, env={**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@x",
+                                              "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@x"})
+    assert not (linked.root / "hook-ran").exists()
+    r, d = call(linked, "read", mode="auto-edit", path="vendor/lib/.git/HEAD")
+    assert d == "auto" and r.ok  # reading a .git is fine
+
+
+@pytest.mark.parametrize("path,fragment", [("a\nb.py", "control character"), ("src/\x1b[31mapp.py", "control character"),
+                                           ("x\x7f", "control character"), ("a\0b", "NUL"), ("\u0085x", "control character")])
+def test_paths_with_invalid_characters_are_tool_errors(linked, path, fragment) -> None:
+    for name, args in (("read", {}), ("write", {"content": "x"}), ("list", {}), ("search", {"pattern": "x"}), ("outline", {})):
+        for mode in ("yolo", "auto-edit"):
+            r, d = run_tool(TOOLS, name, {"path": path, **args}, linked, Policy(mode), None)
+            assert d in ("error", "auto") and not r.ok and r.text.startswith("error: ") and fragment in r.text, (name, r.text)
+
+
+def test_reading_through_a_link_out_asks_and_always_is_scoped_to_that_directory(linked, tmp_path) -> None:
+    pol = Policy("auto-edit")
+    r, d = run_tool(TOOLS, "read", {"path": "flink.py"}, linked, pol, None)
+    assert d == "refused" and "symlink that leads outside" in r.text and "lone" not in r.text
+    asked = []
+
+    def always(req):
+        asked.append(req)
+        return "always"
+
+    r, d = run_tool(TOOLS, "read", {"path": "link/secret.py"}, linked, pol, always)
+    assert d == "always" and "def secret" in r.text
+    assert asked[0].scope == f"reads of files under {os.path.realpath(tmp_path / 'outside')}"
+    (tmp_path / "outside" / "more.py").write_text("x = 1\n")
+    r, d = run_tool(TOOLS, "read", {"path": str(tmp_path / "outside" / "more.py")}, linked, pol, None)
+    assert d == "auto" and r.ok  # the same directory: covered
+    r, d = run_tool(TOOLS, "read", {"path": "flink.py"}, linked, pol, None)
+    assert d == "refused"  # another directory: not covered
+    r, d = run_tool(TOOLS, "write", {"path": "link/new.py", "content": "x"}, linked, pol, None)
+    assert d == "refused" and not (tmp_path / "outside" / "new.py").exists()  # reads never cover writes

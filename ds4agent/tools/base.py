@@ -75,7 +75,7 @@ class Workspace:
             raise ToolError("a path is required")
         # What no file system path can hold is refused here, before the OS raises ValueError
         # (NUL) or UnicodeEncodeError (surrogates) from deep inside a tool.
-        problem = text_problem(path)
+        problem = path_problem(path)
         if problem:
             raise ToolError(f"the path {problem}")
         if len(path) > MAX_PATH:
@@ -95,10 +95,13 @@ class Workspace:
 
     def escapes(self, p: Path) -> str | None:
         """Why ``p`` needs approval: outside the workspace, a symlink leading outside, or inside
-        .git; None when it is an ordinary workspace path."""
+        a .git directory at any depth (a nested repository's too, in any letter case); None when
+        it is an ordinary workspace path."""
+        from .classify import in_git_dir
+
         root = self.root.resolve()
         try:
-            p.relative_to(self.root)
+            lexical = p.relative_to(self.root)
         except ValueError:
             return "outside the workspace"
         real = Path(os.path.realpath(p))
@@ -106,9 +109,16 @@ class Workspace:
             rel = real.relative_to(root)
         except ValueError:
             return "a symlink that leads outside the workspace"
-        if rel.parts and rel.parts[0] == ".git":
+        if in_git_dir(rel) or in_git_dir(lexical):
             return "inside .git"
         return None
+
+    def contains(self, p: Path) -> bool:
+        """``p`` (a path found by walking the workspace) is a real file or directory of it: not
+        a symlink, not below one that leads out, not inside a .git."""
+        if p.is_symlink():
+            return False
+        return self.escapes(p) is None
 
     def remember(self, p: Path, text: str) -> None:
         st = p.stat()
@@ -138,6 +148,19 @@ def text_problem(text: str) -> str | None:
         return "contains a NUL byte (\\0)"
     if any("\ud800" <= c <= "\udfff" for c in text):
         return "contains a lone surrogate (\\ud800-\\udfff), which is not text"
+    return None
+
+
+def path_problem(path: str) -> str | None:
+    """Why ``path`` is not a file name the tools accept: what ``text_problem`` refuses, and
+    control characters (a newline, an escape, a DEL), which no project's file names need and
+    which can hide what a path really is when shown."""
+    problem = text_problem(path)
+    if problem:
+        return problem
+    bad = next((c for c in path if ord(c) < 0x20 or ord(c) == 0x7F or 0x80 <= ord(c) < 0xA0), None)
+    if bad is not None:
+        return f"contains a control character (U+{ord(bad):04X})"
     return None
 
 

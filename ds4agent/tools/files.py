@@ -1,5 +1,5 @@
 """File tools: read (numbered chunks), write (whole file), edit (guarded line ranges or a unique
-replacement), list (a directory, respecting .gitignore)."""
+replacement), list (a directory, respecting .gitignore; symlinks shown, never followed)."""
 
 from __future__ import annotations
 
@@ -132,20 +132,32 @@ def edit(ws: Workspace, args: dict) -> ToolResult:
 
 
 def list_dir(ws: Workspace, args: dict) -> ToolResult:
-    from .search import workspace_files
+    from .search import walk
 
     p = ws.resolve(arg(args, "path", str, "."))
     if not p.exists():
         raise ToolError(f"{ws.rel(p)}: no such directory")
     if not p.is_dir():
         raise ToolError(f"{ws.rel(p)}: is a file (use read)")
-    files = workspace_files(ws, p)
+    files, links = walk(ws, p)
     entries: dict[str, int] = {}
     for f in files:
         rel = f.relative_to(p)
         head = rel.parts[0] + ("/" if len(rel.parts) > 1 else "")
         entries[head] = entries.get(head, 0) + 1
+    shown_links: dict[str, str] = {}
+    for f in links:
+        rel = f.relative_to(p)
+        if len(rel.parts) == 1:
+            try:
+                shown_links[rel.parts[0]] = os.readlink(f)
+            except OSError:
+                shown_links[rel.parts[0]] = "?"
+        else:
+            head = rel.parts[0] + "/"
+            entries.setdefault(head, 0)
     lines = [f"{name}  ({n} files)" if name.endswith("/") else name for name, n in sorted(entries.items())]
+    lines += [f"{name} -> {target}  (symlink, not followed)" for name, target in sorted(shown_links.items())]
     body = "\n".join(lines) if lines else "[empty]"
     return ToolResult(body, f"list {ws.rel(p)} ({len(lines)} entries)")
 

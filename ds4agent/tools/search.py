@@ -17,19 +17,51 @@ SKIP_DIRS = {".git", "node_modules", "__pycache__", ".venv", "venv", ".mypy_cach
 
 def workspace_files(ws: Workspace, under: Path) -> list[Path]:
     """Files below ``under``: git's view (tracked + untracked, not ignored) in a repository,
-    otherwise a walk that skips the usual build and tool directories."""
+    otherwise a walk that skips the usual build and tool directories. Symlinks are never
+    followed and nothing inside a .git (at any depth) is listed: see ``walk``."""
+    return walk(ws, under)[0]
+
+
+def walk(ws: Workspace, under: Path) -> tuple[list[Path], list[Path]]:
+    """(files, symlinks) below ``under``. A symlink is reported, never followed, and nothing
+    is listed that lies below a symlinked directory, resolves outside ``under`` or is inside a
+    .git directory (a nested repository's included)."""
+    from .classify import in_git_dir
+
+    candidates: list[Path] | None = None
     try:
         out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", "."],
                              cwd=under, capture_output=True, timeout=30)
         if out.returncode == 0:
-            return sorted(under / Path(os.fsdecode(f)) for f in out.stdout.split(b"\0") if f)
+            candidates = sorted(under / Path(os.fsdecode(f)) for f in out.stdout.split(b"\0") if f)
     except (OSError, subprocess.TimeoutExpired):
         pass
-    found = []
-    for dirpath, dirnames, filenames in os.walk(under):
-        dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
-        found += [Path(dirpath) / f for f in sorted(filenames)]
-    return found
+    if candidates is None:
+        candidates = []
+        for dirpath, dirnames, filenames in os.walk(under):  # never descends into symlinked directories
+            dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS and not in_git_dir(Path(d)))
+            candidates += [Path(dirpath) / f for f in sorted(filenames)]
+            candidates += [Path(dirpath) / d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]
+    base = Path(os.path.realpath(under))
+    files: list[Path] = []
+    links: list[Path] = []
+    for f in candidates:
+        try:
+            rel = f.relative_to(under)
+        except ValueError:
+            continue
+        if in_git_dir(rel):
+            continue
+        parent_real = Path(os.path.realpath(f.parent))
+        if parent_real != base and base not in parent_real.parents:
+            continue  # below a symlinked directory that leads elsewhere
+        if in_git_dir(parent_real.relative_to(base)) if parent_real != base else False:
+            continue
+        if f.is_symlink():
+            links.append(f)
+        elif f.exists() or f.is_symlink():
+            files.append(f)
+    return files, links
 
 
 def search(ws: Workspace, args: dict) -> ToolResult:
