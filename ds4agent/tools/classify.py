@@ -207,7 +207,8 @@ DOWNLOADERS = {"curl", "wget", "fetch", "aria2c", "http", "https", "xh", "lynx",
                "ssh", "scp", "sftp", "ftp", "tftp", "rsync", "git"}  # git: `git show URL:file`, archive --remote
 WRAPPERS = {"env", "nice", "nohup", "time", "timeout", "stdbuf", "setsid", "ionice", "chrt", "taskset", "command",
             "builtin", "exec", "caffeinate", "arch", "unbuffer", "xvfb-run", "coproc", "doas", "sudo", "flock",
-            "gtimeout", "torsocks", "proxychains", "proxychains4", "strace", "ltrace", "valgrind", "catchsegv"}
+            "gtimeout", "torsocks", "proxychains", "proxychains4", "strace", "ltrace", "valgrind", "catchsegv",
+            "systemd-run"}
 # Options (that take a value) of each wrapper, and whether the first operand is not yet the command.
 _WRAPPER_ARGS = {
     "env": ("uSC", {"--unset", "--chdir", "--split-string", "--default-signal", "--ignore-signal", "--block-signal"}),
@@ -222,6 +223,9 @@ _WRAPPER_ARGS = {
     "ltrace": ("oeEpsSuaAn", {"--output"}), "valgrind": ("", set()), "xvfb-run": ("nsfewlp", set()),
     "time": ("fo", {"--format", "--output"}), "torsocks": ("uaPp", set()), "proxychains": ("f", set()),
     "proxychains4": ("f", set()),
+    "systemd-run": ("pEuM", {"--unit", "--property", "--description", "--slice", "--uid", "--gid", "--nice",
+                             "--working-directory", "--setenv", "--on-active", "--on-boot", "--on-calendar",
+                             "--timer-property", "--path-property", "--socket-property", "--machine", "--host"}),
 }
 # Programs that stop the machine, touch disks, change system state or other users' processes.
 _SYSTEM = {
@@ -231,7 +235,7 @@ _SYSTEM = {
                     "writes to disks"),
     **dict.fromkeys(["mount", "umount", "swapon", "swapoff", "chroot", "pivot_root"], "changes mounts or the root directory"),
     **dict.fromkeys(["shutdown", "reboot", "halt", "poweroff", "telinit", "kexec", "pmset"], "stops the machine"),
-    **dict.fromkeys(["killall", "pkill", "xkill", "killall5", "skill", "slay"], "kills processes broadly"),
+    **dict.fromkeys(["killall", "pkill", "xkill", "killall5", "skill", "slay", "fuser"], "kills processes broadly"),
     **dict.fromkeys(["sudo", "doas", "su", "pkexec", "run0", "sudoedit", "runuser", "ksu", "calife"], "runs as another user"),
     **dict.fromkeys(["crontab", "at", "batch", "atrm"], "changes scheduled jobs"),
     **dict.fromkeys(["passwd", "chpasswd", "useradd", "userdel", "usermod", "groupadd", "groupdel", "groupmod",
@@ -241,6 +245,11 @@ _SYSTEM = {
     **dict.fromkeys(["iptables", "ip6tables", "nft", "ufw", "pfctl", "firewall-cmd"], "changes the firewall"),
     **dict.fromkeys(["shred", "srm", "wipe"], "destroys file contents"),
 }
+# Programs that hand work to a daemon running outside the sandbox (containers, terminal
+# multiplexers, the service manager, the desktop): confined or not, the result is not.
+_SERVICES = {"docker", "podman", "nerdctl", "colima", "lima", "limactl", "kubectl", "tmux", "screen", "byobu",
+             "systemd-run", "open", "osascript", "dbus-send", "busctl", "gdbus", "qdbus", "xdg-open", "gio",
+             "ssh-agent", "gpg-connect-agent", "xdotool", "ydotool", "wmctrl", "code", "emacsclient", "nvr"}
 _SERVICE_READ = {"status", "show", "list-units", "list-unit-files", "is-active", "is-enabled", "is-failed", "cat",
                  "list", "print", "help", "list-timers", "list-sockets", "list-dependencies", "get-default"}
 
@@ -538,6 +547,8 @@ class _Analyzer:
                         self.nested(step, w, f"{base} -c", out, depth)
                     return
             if base in WRAPPERS or base in ("xargs", "watch", "busybox", "find", "fd", "fdfind"):
+                if base in _SERVICES:
+                    step.not_coverable(f"{base} asks a service outside the sandbox to run things")
                 inner = self.inner(step, base, args, out, depth)
                 if inner is None:
                     return
@@ -950,9 +961,9 @@ class _Analyzer:
             pass  # inline code: already unknown
         elif base in ("npm", "pnpm", "yarn", "pip", "pip3", "gem", "cargo", "go", "brew", "uv", "pipx", "npx"):
             pass
-        elif base in ("docker", "podman", "nerdctl", "colima", "lima", "limactl", "kubectl", "tmux", "screen",
-                      "systemd-run", "open", "osascript", "dbus-send", "busctl", "gdbus", "qdbus", "xdg-open"):
-            s.reasons.append(f"{base} asks a service outside the sandbox to act")
+        elif base in _SERVICES:
+            # The work is done by a daemon that the sandbox does not confine: every use asks.
+            s.not_coverable(f"{base} asks a service outside the sandbox to run things")
         elif base in ("nsenter", "unshare", "firejail", "bwrap", "sandbox-exec", "nsjail", "capsh", "setpriv"):
             s.raise_to(UNKNOWN, f"{base} changes the process's namespaces or privileges")
             s.coverable = False
@@ -1220,6 +1231,8 @@ class _Analyzer:
                 raise_(DANGEROUS, f"{verb} inside .git ({w.value})")
             elif where == "outside":
                 raise_(DANGEROUS, f"{verb} outside the workspace ({p})")
+            elif where == "device" and str(p).startswith(("/dev/tcp/", "/dev/udp/")):
+                raise_(DANGEROUS, f"opens a network connection through bash ({p})")
             elif where == "device":
                 raise_(DANGEROUS, f"{verb} a device ({p})")
             elif where == "inside":
