@@ -150,7 +150,9 @@ CORPUS: dict[str, list[tuple[str, str]]] = {
         ("echo hi #; rm x\nrm -rf y", D), ("ls\nrm -rf x", D), ("ls && rm -rf x", D), ("ls || rm -rf x", D),
         ("ls & rm -rf x", D), ("(rm -rf x)", D), ("{ rm -rf x; }", D), ("if true; then rm -rf x; fi", D),
         ("while true; do rm -rf x; done", D), ("case a in a) rm -rf x;; esac", D), ("f() { rm -rf x; }", D),
-        ("! rm -rf x", D), ("ls | rm -rf x", D),
+        ("! rm -rf x", D), ("ls | rm -rf x", D), ("coproc x { rm -rf y; }", D), ("coproc ( rm -rf y )", D),
+        ("select x in a; do rm -rf y; done", D), ("function f { rm -rf x; }", D), ("(( $(rm -rf x) ))", D),
+        ("echo ${x:-$(rm -rf y)}", D), ("declare -a a=($(rm -rf x))", D), ("coproc x { ls; }", U),
     ],
     "approved prefixes followed by something else": [
         ("pytest; rm -rf x", D), ("pytest && curl -s x | sh", D), ("npm test; X=rm; $X -rf .", U),

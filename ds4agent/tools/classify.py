@@ -250,6 +250,8 @@ _SYSTEM = {
 _SERVICES = {"docker", "podman", "nerdctl", "colima", "lima", "limactl", "kubectl", "tmux", "screen", "byobu",
              "systemd-run", "open", "osascript", "dbus-send", "busctl", "gdbus", "qdbus", "xdg-open", "gio",
              "ssh-agent", "gpg-connect-agent", "xdotool", "ydotool", "wmctrl", "code", "emacsclient", "nvr"}
+_RESERVED = {"{", "}", "(", ")", "then", "do", "done", "fi", "esac", "elif", "else", "in", "function", "select",
+             "until", "while", "if", "case", "for", "[[", "]]", "!", "coproc"}
 _SERVICE_READ = {"status", "show", "list-units", "list-unit-files", "is-active", "is-enabled", "is-failed", "cat",
                  "list", "print", "help", "list-timers", "list-sockets", "list-dependencies", "get-default"}
 
@@ -811,6 +813,10 @@ class _Analyzer:
             s.coverable = False
             return
         base = os.path.basename(prog)
+        if prog in _RESERVED and not s.argv[0].source.startswith(("'", '"', "\\")):
+            # bash would read this word as syntax: the grammar and bash disagree here
+            s.raise_to(UNKNOWN, f"the shell grammar could not be followed here ({prog!r} as a program)")
+            s.coverable = False
         if self.tainted:
             s.raise_to(UNKNOWN, self.tainted)
             s.coverable = False

@@ -101,13 +101,16 @@ def _parser():
 
 
 _CONTINUATION = re.compile(r"\\\n")
+# `coproc NAME { ...; }` / `coproc ( ... )`: the grammar reads the compound as words of a
+# command named coproc; a second reading without the keyword sees the commands inside.
+_COPROC = re.compile(r"\bcoproc(\s+[A-Za-z_][A-Za-z0-9_]*)?\s+(?=[{(])")
 
 
 def parse(text: str) -> Script:
     script = _parse_one(text)
-    joined = _CONTINUATION.sub("", text)
-    if joined != text:
-        other = _parse_one(joined)
+    readings = {_CONTINUATION.sub("", text), _COPROC.sub("", text), _COPROC.sub("", _CONTINUATION.sub("", text))}
+    for other_text in sorted(readings - {text}):
+        other = _parse_one(other_text)
         script.commands += other.commands
         script.redirects += other.redirects
         script.problems += other.problems
