@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU kernels on real hardware in one short run: the launch tests (tests/test_gpu_launch.py:
 # each kernel launched through MLX against the reference on the same device, at demo and Flash
-# dimensions, and a whole model), the kernel-body tests, then `ds4 bench` on the demo model with
+# dimensions, and a whole model), the kernel-body tests, the engine's kernel self-check
+# (`ds4 inspect --kernels cuda`), then `ds4 bench` on the demo model with
 # the GPU kernels and with the reference, side by side. A few minutes; not part of CI.
 #
 #   bench/gpu_check.sh --fetch [DIR]   here, where PyPI is reachable: the wheels an NVIDIA machine
@@ -54,6 +55,9 @@ python3 -m pytest -q -p no:cacheprovider tests/test_gpu_launch.py tests/test_gpu
 [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 model=/tmp/ds4-home/demo.gguf
 python3 -m ds4agent demo --out "$model" >/dev/null || exit 1
+# The self-check the engine runs at open: each kernel against the reference on this GPU.
+python3 -m ds4agent inspect "$model" --kernels cuda --backend cuda 2>&1 | sed -n '/^kernels/,$p' | tee "$out/kernel-check.txt"
+grep -q "nothing refused" "$out/kernel-check.txt" || rc=1
 for k in cuda reference; do
     python3 -m ds4agent bench -m "$model" --backend cuda --kernels "$k" --ctx-start 256 --ctx-max 1024 \
         --step-incr 256 --gen-tokens 64 --csv "$out/bench-$k.csv" 2>&1 | tail -3

@@ -37,6 +37,10 @@ def engines(demo_path):
     with Engine.open(demo_path, backend=BACKEND, kernels=BACKEND, qat_sim=False) as ours, \
             Engine.open(demo_path, backend=BACKEND, kernels="reference", qat_sim=False) as ref:
         assert ours.info.kernels == BACKEND and ref.info.kernels == "reference"
+        # The self-check at open (engine/kernels/check.py) must have refused nothing: a refused
+        # kernel runs the reference, and these tests would compare the reference with itself.
+        check = ours.info.kernel_check
+        assert check is None or check.refused == {}, ours.info.kernel_note
         yield ours, ref
 
 

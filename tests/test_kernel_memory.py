@@ -137,3 +137,33 @@ def test_cpu_kernels_dequantise_nothing(demo_path, monkeypatch, kernels: str) ->
         _session(e)
         assert not [n for n in spy.got if "_exps." in n or n == "token_embd.weight"]
         assert spy.dequantised == []
+
+
+def test_reference_attention_in_blocks_is_the_same(demo_path, monkeypatch) -> None:
+    """The reference attends over blocks of queries when the scores of a whole chunk would pass
+    ATTEND_BLOCK_BYTES (long contexts); forced here on the demo model with a tiny budget: the
+    same attention, and the same logits, as in one block."""
+    import mlx.core as mx
+
+    from ds4agent.engine.kernels import reference
+    from ds4agent.engine.kernels.reference import ReferenceKernels, attend_mx
+    from helpers import rel_err
+
+    rng = np.random.default_rng(1)
+    H, T, N, D = 4, 37, 90, 64
+    q, keys = mx.array(rng.normal(size=(H, T, D)).astype(np.float32)), mx.array(rng.normal(size=(N, D)).astype(np.float32))
+    mask, sinks = rng.random((T, N)) < 0.5, mx.array(rng.normal(size=H).astype(np.float32))
+    whole = np.array(attend_mx(q, keys, mask, sinks))
+    monkeypatch.setattr(reference, "ATTEND_BLOCK_BYTES", 4 * H * N * 5)  # blocks of 5 queries
+    with Engine.open(demo_path, backend="cpu", ctx=256, kernels="reference") as e:
+        blocked = np.array(ReferenceKernels(e._model.w).attend(q, keys, mask, sinks))
+        assert rel_err(blocked, whole) <= 1e-6
+        s = e.session()
+        ids = np.random.default_rng(2).integers(1000, 120000, 150).tolist()
+        s.sync(ids)
+        small = s.logits.copy()
+    monkeypatch.setattr(reference, "ATTEND_BLOCK_BYTES", 1 << 28)
+    with Engine.open(demo_path, backend="cpu", ctx=256, kernels="reference") as e:
+        s = e.session()
+        s.sync(ids)
+        assert rel_err(small, s.logits) <= 1e-5

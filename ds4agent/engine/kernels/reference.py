@@ -45,6 +45,9 @@ def attend_mx(q: mx.array, keys: mx.array, mask: np.ndarray, sinks: mx.array) ->
     return (ex @ keys) / den
 
 
+ATTEND_BLOCK_BYTES = 1 << 28  # the largest score array (float32) ReferenceKernels.attend makes
+
+
 class ReferenceKernels:
     name = "reference"
     xp = mx
@@ -90,7 +93,18 @@ class ReferenceKernels:
         return routed
 
     def attend(self, q: mx.array, keys: mx.array, mask: np.ndarray, sinks: mx.array) -> mx.array:
-        return attend_mx(q, keys, mask, sinks)
+        """attend_mx, over blocks of queries when one (H, T, N) score array would pass
+        ATTEND_BLOCK_BYTES: a 256-token prefill chunk at 1M tokens of context would otherwise
+        hold three 16 GiB arrays (every compressed row is scored, then masked)."""
+        H, T, _ = q.shape
+        step = max(1, ATTEND_BLOCK_BYTES // (4 * H * max(1, keys.shape[0])))
+        if T <= step:
+            return attend_mx(q, keys, mask, sinks)
+        out = []
+        for t in range(0, T, step):
+            out.append(attend_mx(q[:, t : t + step], keys, mask[t : t + step], sinks))
+            mx.eval(out[-1])  # one block's scores at a time
+        return mx.concatenate(out, axis=1)
 
     def queries(self, x: mx.array, cos: mx.array, sin: mx.array) -> mx.array:
         """attn_q_b's output (T, H·D) -> each head RMS-normalised and rotated, (H, T, D)."""
