@@ -24,7 +24,7 @@ def main() -> None:
     a = ap.parse_args()
 
     from ds4agent.engine import Engine, SamplingParams
-    from ds4agent.engine.demo import ensure_demo
+    from ds4agent.modelfile.demo import ensure_demo
 
     path = a.model or str(ensure_demo())
     t = time.perf_counter()

@@ -17,7 +17,7 @@ def rss_mib() -> float:
 
 
 def ours(path: str) -> tuple[float, int]:
-    from ds4agent.engine.gguf import GGUFFile
+    from ds4agent.modelfile.gguf import GGUFFile
 
     t = time.perf_counter()
     f = GGUFFile(path)
@@ -40,7 +40,7 @@ def main() -> None:
     if len(sys.argv) > 1:
         path = sys.argv[1]
     else:
-        from ds4agent.engine.demo import ensure_demo
+        from ds4agent.modelfile.demo import ensure_demo
 
         path = str(ensure_demo())
     import gguf  # noqa: F401  (import cost is not part of the measurement)

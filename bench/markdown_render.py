@@ -24,7 +24,7 @@ def main() -> None:
     import numpy as np
 
     from ds4agent.engine import Engine, SamplingParams
-    from ds4agent.engine.demo import ensure_demo
+    from ds4agent.modelfile.demo import ensure_demo
     from ds4agent.ui.markdown import MarkdownStream
 
     engine = Engine.open(ensure_demo(), backend="auto", ctx=4096)

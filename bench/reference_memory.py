@@ -149,11 +149,11 @@ def main() -> None:
 
 
 def report(m: dict, contexts: list[int]) -> None:
-    from ds4agent.engine.config import FLASH, config_from_gguf
-    from ds4agent.engine.demo import write_model
-    from ds4agent.engine.gguf import GGUFFile
     from ds4agent.engine.kernels.reference import ATTEND_BLOCK_BYTES
     from ds4agent.engine.state import payload_size
+    from ds4agent.modelfile.config import FLASH, config_from_gguf
+    from ds4agent.modelfile.demo import write_model
+    from ds4agent.modelfile.gguf import GGUFFile
 
     with tempfile.TemporaryDirectory() as tmp:
         flash = write_model(Path(tmp) / "flash.gguf", FLASH, "tiny", with_data=False)

@@ -19,7 +19,7 @@ def main() -> None:
     a = ap.parse_args()
 
     from ds4agent.engine import Engine
-    from ds4agent.engine.demo import ensure_demo
+    from ds4agent.modelfile.demo import ensure_demo
     from ds4agent.sessions.store import SessionStore
 
     engine = Engine.open(a.model or str(ensure_demo()), backend="auto", ctx=max(4096, a.tokens + 8))

@@ -198,8 +198,8 @@ def _fmt_gib(n: int) -> str:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from .engine import describe
-    from .modelpath import resolve_model
+    from .modelfile import describe
+    from .modelfile.choice import resolve_model
 
     path = resolve_model(args.model).path if args.model is None else Path(args.model)
     r = describe(path)
@@ -247,7 +247,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             dims = "x".join(str(d) for d in t.dims)
             lines.append(f"              {t.name:<44} {t.type_name:<9} {dims:<22} {_fmt_gib(t.nbytes):>12}")
     if args.kernels is not None and r.usable:
-        from .engine.info import kernel_report
+        from .engine import kernel_report
 
         lines += kernel_report(path, args.backend, args.kernels)
     print("\n".join(lines))
@@ -255,7 +255,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from .engine.demo import default_demo_path, shape_config, write_demo, write_model
+    from .modelfile.demo import default_demo_path, shape_config, write_demo, write_model
 
     if args.preset == "shape" and not args.out:
         raise UsageError("the shape preset needs --out PATH (it is several GB)")
@@ -313,7 +313,7 @@ def _interactive(args: argparse.Namespace, choice, sampling) -> int:
     from .ui.chat import default_history_file, is_interactive, run_pipe, run_tty
 
     engine = _open_engine(choice.path, args, args.ctx)
-    from .oneshot import effective_mode
+    from .ui.oneshot import effective_mode
 
     effective_mode(args.mode, args.ctx, sys.stderr)  # warns; the chat keeps "max" for a later /ctx
     conv = Conversation(engine, mode=args.mode, system=args.system, sampling=sampling, max_tokens=args.tokens)
@@ -326,7 +326,7 @@ def _interactive(args: argparse.Namespace, choice, sampling) -> int:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    from .modelpath import DEMO_BANNER, resolve_model
+    from .modelfile.choice import DEMO_BANNER, resolve_model
 
     prompt = _read_prompt(args)
     if args.dump_tokens or args.dump_logprobs:
@@ -339,15 +339,15 @@ def cmd_chat(args: argparse.Namespace) -> int:
     if choice.is_demo:
         print(DEMO_BANNER, file=sys.stderr)
     if args.dump_tokens:
-        from .engine import Tokenizer
-        from .oneshot import dump_tokens
+        from .modelfile import Tokenizer
+        from .ui.oneshot import dump_tokens
 
         dump_tokens(Tokenizer.from_gguf(choice.path), prompt, sys.stdout)
         return 0
     if prompt is None:
         return _interactive(args, choice, sampling)
 
-    from .oneshot import OneShot, dump_logprobs, effective_mode, run
+    from .ui.oneshot import OneShot, dump_logprobs, effective_mode, run
 
     engine = _open_engine(choice.path, args, args.ctx)
     job = OneShot(prompt, effective_mode(args.mode, args.ctx, sys.stderr), args.system, sampling, args.tokens, args.ctx)
@@ -357,12 +357,13 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 def cmd_agent(args: argparse.Namespace) -> int:
-    from .agent import Agent
-    from .modelpath import DEMO_BANNER, resolve_model
+    from .conversation import Agent
     from .sessions import SessionStore
+    from .modelfile.choice import DEMO_BANNER, resolve_model
     from .tools import Policy, Workspace
     from .ui.agent_ui import pick_session, resume, run_agent_tty, run_headless
-    from .ui.chat import Out, default_history_file, is_interactive
+    from .ui.chat import default_history_file, is_interactive
+    from .ui.terminal import Out
 
     task = sys.stdin.read() if args.prompt == "-" else args.prompt
     if args.json and task is None:
@@ -404,8 +405,8 @@ def cmd_agent(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from . import benchmark
-    from .modelpath import resolve_model
+    from .engine import bench as benchmark
+    from .modelfile.choice import resolve_model
 
     if not 1 <= args.ctx_start <= args.ctx_max or args.gen_tokens < 1 or (args.step_mul or 2) <= 1 or args.step_incr < 1:
         raise UsageError("need 1 <= --ctx-start <= --ctx-max, --gen-tokens >= 1, --step-incr >= 1, --step-mul > 1")
@@ -457,8 +458,9 @@ _BENCH_TEXT = (
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from .engine import ConfigError, ContextFullError, EngineError, GGUFError
-    from .modelpath import ModelChoiceError
+    from .engine import ContextFullError, EngineError
+    from .modelfile import ConfigError, GGUFError
+    from .settings import ModelChoiceError
 
     argv = list(sys.argv[1:] if argv is None else argv)
     # Plain `ds4` and `ds4 -m PATH ...` run the chat.

@@ -25,14 +25,14 @@ def _isolated_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def demo_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from ds4agent.engine.demo import write_demo
+    from ds4agent.modelfile.demo import write_demo
 
     return write_demo(tmp_path_factory.mktemp("models") / "demo-tiny.gguf", "tiny", 0)
 
 
 @pytest.fixture(scope="session")
 def demo_q4_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from ds4agent.engine.demo import write_demo
+    from ds4agent.modelfile.demo import write_demo
 
     return write_demo(tmp_path_factory.mktemp("models") / "demo-q4.gguf", "q4", 0)
 
@@ -41,8 +41,8 @@ def demo_q4_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def flash_header_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The published Flash layout (43 layers, real dims and quant mix) with the tensor data left
     as a sparse hole: 80.8 GiB apparent size, a few MB on disk."""
-    from ds4agent.engine.config import FLASH
-    from ds4agent.engine.demo import write_model
+    from ds4agent.modelfile.config import FLASH
+    from ds4agent.modelfile.demo import write_model
 
     return write_model(tmp_path_factory.mktemp("models") / "flash-header.gguf", FLASH, "tiny", with_data=False)
 
@@ -60,6 +60,6 @@ def official_tokenizer():
 
 @pytest.fixture(scope="session")
 def demo_tokenizer(demo_path: Path):
-    from ds4agent.engine.tokenizer import Tokenizer
+    from ds4agent.modelfile.tokenizer import Tokenizer
 
     return Tokenizer.from_gguf(demo_path)

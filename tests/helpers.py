@@ -7,7 +7,8 @@ import os
 from pathlib import Path
 
 import numpy as np
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as Q
+from gguf.constants import GGML_QUANT_SIZES
+from gguf.constants import GGMLQuantizationType as Q
 
 # Byte offsets of the f16 scale fields inside one block of each quantised format.
 SCALE_OFFSETS = {Q.Q8_0: [0, 1], Q.Q2_K: [80, 81, 82, 83], Q.Q4_K: [0, 1, 2, 3], Q.IQ2_XXS: [0, 1]}

@@ -1,7 +1,7 @@
 """transformers' PyTorch `deepseek_v4` model loaded with a GGUF's weights: the independent oracle.
 
 Weights are dequantised with `gguf.quants.dequantize` (not our MLX code), and mapped by name:
-GGUF dims are the reversed HF dims (spec/model.md §2.2), except that HF stacks each layer's
+GGUF dims are the reversed HF dims (docs/model.md §2.2), except that HF stacks each layer's
 experts and concatenates gate ‖ up into one `gate_up_proj`.
 """
 
@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 from gguf.quants import dequantize
 
-from ds4agent.engine.config import ModelConfig, config_from_gguf
-from ds4agent.engine.gguf import GGUFFile
+from ds4agent.modelfile.config import ModelConfig, config_from_gguf
+from ds4agent.modelfile.gguf import GGUFFile
 
 
 def hf_config(c: ModelConfig):

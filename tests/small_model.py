@@ -15,10 +15,10 @@ from typing import Callable
 
 from gguf.constants import GGMLQuantizationType as Q
 
-from ds4agent.engine.config import ModelConfig, expected_tensors
-from ds4agent.engine.demo import Vocab, _metadata, tiny_config
-from ds4agent.engine.gguf import write_gguf
-from ds4agent.engine.tokenizer import REQUIRED_SPECIALS, _byte_decoder
+from ds4agent.modelfile.config import ModelConfig, expected_tensors
+from ds4agent.modelfile.demo import Vocab, _metadata, tiny_config
+from ds4agent.modelfile.gguf import write_gguf
+from ds4agent.modelfile.tokenizer import REQUIRED_SPECIALS, _byte_decoder
 
 # Each merge's halves and result are in the vocabulary ("Ġ" is the byte symbol of a space). The
 # letter pairs make a good share of the vocabulary merge-related, so that fuzzing its strings

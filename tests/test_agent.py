@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ds4agent import agent as agent_mod
-from ds4agent.agent import Agent
+from ds4agent.conversation import agent as agent_mod
+from ds4agent.conversation.agent import Agent
 from ds4agent.engine import Engine
 from ds4agent.engine.session import Step
 from ds4agent.sessions import SessionStore
@@ -343,8 +343,8 @@ def test_tty_approver_answers_and_rendering(tmp_path) -> None:
     import io
 
     from ds4agent.tools import Request
-    from ds4agent.ui.agent_ui import color_diff, tty_approver
-    from ds4agent.ui.chat import Out
+    from ds4agent.ui.agent_ui import tty_approver
+    from ds4agent.ui.terminal import Out, color_diff
 
     out = Out(io.StringIO(), tty=True)
     asked: list[str] = []
@@ -420,9 +420,9 @@ def test_stop_reason_context(engine, ws) -> None:
 def test_done_event_json_names_the_stop_reason() -> None:
     import json
 
-    from ds4agent.agent import AgentEvent, event_json
+    from ds4agent.conversation import Event, event_json
 
-    assert json.loads(event_json(AgentEvent("done", stop="max_tokens"))) == {"type": "done", "stop_reason": "max_tokens"}
+    assert json.loads(event_json(Event("done", stop="max_tokens"))) == {"type": "done", "stop_reason": "max_tokens"}
 
 
 @pytest.mark.parametrize("completion,code,fragment", [
@@ -448,7 +448,7 @@ def test_headless_plain_output_and_exit_status(engine, ws, completion, code, fra
 # -- @mentions that are not attached say why ------------------------------------------------------
 
 def test_mentions_that_cannot_be_attached_say_why(tmp_path) -> None:
-    from ds4agent.agent import MENTION_MAX, attach_mentions
+    from ds4agent.conversation.agent import MENTION_MAX, attach_mentions
 
     root = tmp_path / "ws"
     (root / "src").mkdir(parents=True)
@@ -494,9 +494,10 @@ def test_session_kinds_are_saved_listed_and_said(engine, ws, tmp_path) -> None:
     import io
     from types import SimpleNamespace
 
-    from ds4agent.conversation import Conversation
+    from ds4agent.conversation.turns import Conversation
     from ds4agent.ui.agent_ui import AgentCommands, pick_session, resume
-    from ds4agent.ui.chat import ID_CHARS, ChatCommands, Out
+    from ds4agent.ui.commands import ChatCommands
+    from ds4agent.ui.terminal import ID_CHARS, Out
 
     store = SessionStore(tmp_path / "sessions")
     out = Out(io.StringIO(), tty=False)
@@ -557,7 +558,7 @@ def test_approval_and_sandbox_commands_and_status_line(tmp_path) -> None:
 
     from ds4agent.tools import Policy
     from ds4agent.ui.agent_ui import AgentCommands
-    from ds4agent.ui.chat import Out
+    from ds4agent.ui.terminal import Out
 
     pol = Policy("auto-edit")
     pol.always.update({("shell", "pytest"), ("edit",)})

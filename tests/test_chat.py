@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from ds4agent.conversation import Conversation
+from ds4agent.conversation.turns import Conversation
 from ds4agent.engine import Engine, SamplingParams
 from ds4agent.sessions import SessionStore
 from ds4agent.ui.chat import run_pipe, run_tty

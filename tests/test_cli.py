@@ -10,10 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import copy_model, patch_metadata
 
 from ds4agent.cli import main
-from ds4agent.engine.demo import default_demo_path
-from helpers import copy_model, patch_metadata
+from ds4agent.modelfile.demo import default_demo_path
 
 
 def run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -115,7 +115,8 @@ def test_demo_command(tmp_path: Path, capsys) -> None:
 
 
 def test_model_choice_order(demo_path: Path, tmp_path: Path, capsys, monkeypatch) -> None:
-    from ds4agent.modelpath import config_path, resolve_model
+    from ds4agent.modelfile.choice import resolve_model
+    from ds4agent.settings import config_path
 
     other = copy_model(demo_path, tmp_path / "other.gguf")
     assert resolve_model(str(demo_path)).source == "-m"
@@ -161,7 +162,7 @@ def test_plain_ds4_uses_demo_model(capsys, monkeypatch) -> None:
 # -- configuration mistakes are said, not ignored -------------------------------------------------
 
 def test_unknown_config_key_warns_with_a_close_match(demo_path: Path, capsys, monkeypatch) -> None:
-    from ds4agent.modelpath import config_path, configured_model
+    from ds4agent.settings import config_path, configured_model
 
     cfg = config_path()
     cfg.parent.mkdir(parents=True, exist_ok=True)

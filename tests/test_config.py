@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 from gguf.constants import GGMLQuantizationType as Q
+from helpers import copy_model, patch_metadata
 
-from ds4agent.engine.config import (
+from ds4agent.modelfile.config import (
     FLASH,
     ConfigError,
     check_tensors,
@@ -19,9 +20,9 @@ from ds4agent.engine.config import (
     expected_tensors,
     validate_flash,
 )
-from ds4agent.engine.demo import _metadata, official_vocab, tiny_config, write_model
-from ds4agent.engine.gguf import GGUFFile, ValueType as V, write_gguf
-from helpers import copy_model, patch_metadata
+from ds4agent.modelfile.demo import _metadata, official_vocab, tiny_config, write_model
+from ds4agent.modelfile.gguf import GGUFFile, write_gguf
+from ds4agent.modelfile.gguf import ValueType as V
 
 
 def test_demo_config(demo_path: Path) -> None:
@@ -43,7 +44,7 @@ def test_flash_layout_validates(flash_header_path: Path) -> None:
         assert claims_flash(c)
         assert validate_flash(f, c) == []
         assert c.compress_ratios == FLASH.compress_ratios
-        # Spot checks against spec/model.md §2.
+        # Spot checks against docs/model.md §2.
         t = f.tensors
         assert t["blk.7.ffn_gate_exps.weight"].dims == (4096, 2048, 256)
         assert t["blk.7.ffn_gate_exps.weight"].row_bytes == 1056
@@ -226,9 +227,10 @@ def _found(value) -> str:
 def test_out_of_range_values_are_refused(tmp_path: Path, capsys, suffix: str, stored, value) -> None:
     """A zero, negative, NaN or infinite value used to pass `ds4 inspect` ("layout consistent")
     and then kill Engine.open with ZeroDivisionError / ValueError (or produce NaN logits)."""
+    from small_model import write_small
+
     from ds4agent.cli import main
     from ds4agent.engine import Engine
-    from small_model import write_small
 
     key = f"deepseek4.{suffix}"
     p = write_small(tmp_path / "bad.gguf", meta_edit=lambda m: m.__setitem__(key, stored))
@@ -248,8 +250,9 @@ def test_out_of_range_values_are_refused(tmp_path: Path, capsys, suffix: str, st
 
 def test_valid_edge_values_are_accepted(tmp_path: Path) -> None:
     """Zero is legal where the model does not divide by it: no hash layers, no expert groups."""
-    from ds4agent.engine import Engine
     from small_model import small_config, write_small
+
+    from ds4agent.engine import Engine
 
     def edit(m):
         m["deepseek4.expert_group_count"] = (V.UINT32, 0)

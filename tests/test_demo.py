@@ -1,4 +1,4 @@
-"""The demo model: real layout and types (spec/model.md §2), real vocabulary, sane random weights."""
+"""The demo model: real layout and types (docs/model.md §2), real vocabulary, sane random weights."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ import pytest
 from gguf.constants import GGMLQuantizationType as Q
 from gguf.quants import dequantize
 
-from ds4agent.engine.config import config_from_gguf
-from ds4agent.engine.demo import write_demo
-from ds4agent.engine.gguf import GGUFFile, ValueType as V
+from ds4agent.modelfile.config import config_from_gguf
+from ds4agent.modelfile.demo import write_demo
+from ds4agent.modelfile.gguf import GGUFFile
+from ds4agent.modelfile.gguf import ValueType as V
 
 
 def _sha(p: Path) -> str:
@@ -26,7 +27,7 @@ def test_deterministic(demo_path: Path, tmp_path: Path) -> None:
     assert _sha(other) != _sha(demo_path)
 
 
-# Types of spec/model.md §2 for the q2 release; the demo must use exactly these.
+# Types of docs/model.md §2 for the q2 release; the demo must use exactly these.
 SPEC_TYPES = {
     "token_embd.weight": Q.F16, "output.weight": Q.Q8_0, "output_norm.weight": Q.F32,
     "output_hc_fn.weight": Q.F16, "output_hc_base.weight": Q.F32, "output_hc_scale.weight": Q.F32,
@@ -133,8 +134,8 @@ def test_unknown_preset(tmp_path: Path) -> None:
 def test_shape_preset_layout(tmp_path: Path) -> None:
     """The shape preset: real dimensions, N layers in the real pattern, fewer experts allowed;
     checked on a header-only file (the real one is GBs)."""
-    from ds4agent.engine.config import check_tensors, claims_flash
-    from ds4agent.engine.demo import shape_config, write_model
+    from ds4agent.modelfile.config import check_tensors, claims_flash
+    from ds4agent.modelfile.demo import shape_config, write_model
 
     c = shape_config(4, 8)
     assert (c.n_embd, c.n_head, c.head_dim, c.expert_ff) == (4096, 64, 512, 2048)

@@ -9,11 +9,12 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
+from helpers import damage
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ds4agent.engine.gguf import GGUFError, GGUFFile, ValueType as V, tensor_nbytes, write_gguf
-from helpers import damage
+from ds4agent.modelfile.gguf import GGUFError, GGUFFile, tensor_nbytes, write_gguf
+from ds4agent.modelfile.gguf import ValueType as V
 
 Q = gguf.GGMLQuantizationType
 
@@ -228,7 +229,7 @@ def _nested(levels: int) -> bytes:
 
 
 def test_nested_arrays_within_the_limit_read(tmp_path: Path) -> None:
-    from ds4agent.engine.gguf import MAX_ARRAY_DEPTH
+    from ds4agent.modelfile.gguf import MAX_ARRAY_DEPTH
 
     p = _raw_gguf(tmp_path / "n.gguf", [_entry("two", V.ARRAY, struct.pack("<IQ", V.ARRAY, 2)
                                                 + struct.pack("<IQ", V.UINT32, 1) + struct.pack("<I", 7)
@@ -245,7 +246,7 @@ def test_nested_arrays_within_the_limit_read(tmp_path: Path) -> None:
 @pytest.mark.parametrize("levels", ["limit+1", 600, 100_000])
 def test_deeply_nested_arrays_are_refused(tmp_path: Path, levels) -> None:
     """Arrays nested hundreds deep used to exhaust Python's recursion (RecursionError)."""
-    from ds4agent.engine.gguf import MAX_ARRAY_DEPTH
+    from ds4agent.modelfile.gguf import MAX_ARRAY_DEPTH
 
     n = MAX_ARRAY_DEPTH + 1 if levels == "limit+1" else levels
     p = _raw_gguf(tmp_path / "deep.gguf", [_entry("general.deep", V.ARRAY, _nested(n))])

@@ -16,13 +16,13 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
+from helpers import damage
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from ds4agent.engine.config import ConfigError
-from ds4agent.engine.gguf import GGUFError, GGUFFile
-from helpers import damage
 from small_model import write_small
+
+from ds4agent.modelfile.config import ConfigError
+from ds4agent.modelfile.gguf import GGUFError, GGUFFile
 
 # Widths of the GGUF scalar value types (0..7, 10..12); 8 is STRING, 9 is ARRAY.
 _WIDTH = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
@@ -192,7 +192,8 @@ def test_fuzz_header_reader(small, tmp_path: Path, data: st.DataObject) -> None:
 def test_fuzz_model_pipeline(small, tmp_path: Path, data: st.DataObject) -> None:
     """A whole (sparse) model: what `ds4 inspect` and Engine.open do either works or raises
     GGUFError / ConfigError / EngineError with one line naming the file."""
-    from ds4agent.engine import Engine, EngineError, describe
+    from ds4agent.engine import Engine, EngineError
+    from ds4agent.modelfile import describe
 
     layout, size = small
     p = tmp_path / "m.gguf"

@@ -23,13 +23,13 @@ from importlib import metadata
 from pathlib import Path
 
 import mlx.core as mx
+import mlx_sources
 import numpy as np
 import pytest
+from gpu_harness import harness_make, launches_of
 
-import mlx_sources
 from ds4agent.engine import Engine, SamplingParams
 from ds4agent.engine.kernels import gpu
-from gpu_harness import harness_make, launches_of
 
 # NVRTC ships as Linux x86-64 wheels (the test extra installs them there); CI is such a machine,
 # so there this never skips: a missing package fails.
@@ -52,8 +52,8 @@ def nvrtc() -> mlx_sources.Nvrtc:
 
 @pytest.fixture(scope="module")
 def flash_q4_header_path(tmp_path_factory) -> Path:
-    from ds4agent.engine.config import FLASH
-    from ds4agent.engine.demo import write_model
+    from ds4agent.modelfile.config import FLASH
+    from ds4agent.modelfile.demo import write_model
 
     return write_model(tmp_path_factory.mktemp("models") / "flash-q4-header.gguf", FLASH, "q4", with_data=False)
 

@@ -16,14 +16,15 @@ import numpy as np
 import pytest
 from gguf.constants import GGMLQuantizationType as Q
 from gguf.quants import dequantize as oracle
+from gpu_harness import c_source, run
+from helpers import elements, flash_experts_case, random_blocks
+from helpers import rel_err as _rel
 
 from ds4agent.engine import Engine
-from ds4agent.engine.gguf import GGUFFile
 from ds4agent.engine.kernels import gpu
 from ds4agent.engine.kernels.reference import ReferenceKernels, attend_mx
 from ds4agent.engine.quants import iq2xxs_tables
-from gpu_harness import c_source, run
-from helpers import elements, flash_experts_case, random_blocks, rel_err as _rel
+from ds4agent.modelfile.gguf import GGUFFile
 
 GRID, SIGNS = (t.reshape(-1) for t in iq2xxs_tables())
 

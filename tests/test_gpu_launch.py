@@ -13,10 +13,10 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from gguf.constants import GGMLQuantizationType as Q
+from helpers import flash_experts_case, rel_err
 
 from ds4agent.engine import Engine, SamplingParams
 from ds4agent.engine.kernels import gpu
-from helpers import flash_experts_case, rel_err
 
 if mx.metal.is_available():
     BACKEND = "metal"

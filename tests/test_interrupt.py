@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import ds4agent
-from ds4agent.conversation import Conversation
+from ds4agent.conversation.turns import Conversation
 from ds4agent.engine import Engine, SamplingParams
 from ds4agent.engine.session import Session
 from ds4agent.sessions import SessionStore

@@ -12,17 +12,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from gpu_harness import harness_make
+from helpers import rel_err
 
 from ds4agent.engine import Engine, SamplingParams
-from ds4agent.engine.config import config_from_gguf
-from ds4agent.engine.gguf import GGUFFile
 from ds4agent.engine.kernels import check, gpu, select
 from ds4agent.engine.kernels.cpu import CpuKernels
 from ds4agent.engine.kernels.reference import ReferenceKernels
-from ds4agent.engine.tokenizer import Tokenizer
 from ds4agent.engine.weights import Weights
-from gpu_harness import harness_make
-from helpers import rel_err
+from ds4agent.modelfile.config import config_from_gguf
+from ds4agent.modelfile.gguf import GGUFFile
+from ds4agent.modelfile.tokenizer import Tokenizer
 
 
 class HarnessGpu(gpu.GpuKernels):
@@ -240,13 +240,13 @@ def test_inspect_kernels_prints_the_check(demo_path, capsys, monkeypatch) -> Non
     # GPU kernels (bodies on the CPU): the report of the check made at open, refusals included.
     # Engine.open cannot pick a GPU backend here, so it builds the engine as _engine does.
     from ds4agent.engine import engine as engine_mod
-    from ds4agent.engine import info
+    from ds4agent.engine import report
 
     monkeypatch.setattr(gpu, "GpuKernels", HarnessGpu)
     _plant(monkeypatch, "wrong")
     monkeypatch.setattr(engine_mod.Engine, "open", classmethod(lambda cls, p, backend="auto", ctx=32768, qat_sim=True,
                                                                      kernels=None: _engine(p, kernels)))
-    lines = info.kernel_report(demo_path, "cuda", "cuda")
+    lines = report.kernel_report(demo_path, "cuda", "cuda")
     assert "self-check at open" in lines[0] and "1 operations refused (the reference runs them)" in lines[0]
     assert any("REFUSED" in ln for ln in lines) and any("mismatch: relative error" in ln for ln in lines)
     assert lines[1].startswith("              note: cuda kernels refused by the self-check, experts:")
@@ -258,7 +258,6 @@ def test_the_probes_launch_every_instantiation_the_engine_can(request, model: st
     probes' launches cover the compile tests' enumeration (gpu_harness.launches_of), Metal's
     constant/device variants included. On the Flash layout nothing runs (launches recorded)."""
     import mlx.core as mx
-
     from gpu_harness import launches_of, recording_make
     from mlx_sources import instance_key
 

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from ds4agent.engine import Engine, SamplingParams, weights as weights_mod
-from ds4agent.engine.kernels import gpu
-from ds4agent.engine.weights import Weights
 from gpu_harness import harness_make
 from test_kernel_check import BUGS, HarnessGpu, _engine, _plant
+
+from ds4agent.engine import Engine, SamplingParams
+from ds4agent.engine import weights as weights_mod
+from ds4agent.engine.kernels import gpu
+from ds4agent.engine.weights import Weights
 
 
 class Spy:
@@ -144,10 +145,10 @@ def test_reference_attention_in_blocks_is_the_same(demo_path, monkeypatch) -> No
     ATTEND_BLOCK_BYTES (long contexts); forced here on the demo model with a tiny budget: the
     same attention, and the same logits, as in one block."""
     import mlx.core as mx
+    from helpers import rel_err
 
     from ds4agent.engine.kernels import reference
     from ds4agent.engine.kernels.reference import ReferenceKernels, attend_mx
-    from helpers import rel_err
 
     rng = np.random.default_rng(1)
     H, T, N, D = 4, 37, 90, 64

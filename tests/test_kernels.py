@@ -16,14 +16,17 @@ import numpy as np
 import pytest
 from gguf.constants import GGMLQuantizationType as Q
 from gguf.quants import dequantize as oracle
+from helpers import elements
+from helpers import quantize_act_np as _quantize_np
+from helpers import random_blocks as _blocks
+from helpers import same_bits as _same_bits
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ds4agent.engine import Engine, SamplingParams
-from ds4agent.engine.gguf import GGUFFile
 from ds4agent.engine.kernels import cpu
 from ds4agent.engine.kernels.reference import ReferenceKernels, attend_mx
-from helpers import elements, quantize_act_np as _quantize_np, random_blocks as _blocks, same_bits as _same_bits
+from ds4agent.modelfile.gguf import GGUFFile
 
 QUANT = [Q.Q8_0, Q.Q2_K, Q.Q4_K, Q.IQ2_XXS]
 

@@ -19,17 +19,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 import mlx_sources
-from ds4agent.engine.kernels import gpu
+import pytest
 from gpu_harness import launches_of
+
+from ds4agent.engine.kernels import gpu
 
 
 @pytest.fixture(scope="module")
 def flash_q4_header_path(tmp_path_factory) -> Path:
-    from ds4agent.engine.config import FLASH
-    from ds4agent.engine.demo import write_model
+    from ds4agent.modelfile.config import FLASH
+    from ds4agent.modelfile.demo import write_model
 
     return write_model(tmp_path_factory.mktemp("models") / "flash-q4-header.gguf", FLASH, "q4", with_data=False)
 

@@ -3,7 +3,7 @@
 The oracle has no FP8/FP4 KV simulation, so these comparisons run with qat_sim=False; the
 simulation functions themselves are checked bit for bit in test_qat.py.
 
-Findings from settling oracle vs spec/model.md (both agree with the official definition here):
+Findings from settling oracle vs docs/model.md (both agree with the official definition here):
 * router weights: HF divides by (Σ + 1e-20), ds4/the spec by max(Σ, 2^-14); identical unless the
   selected scores sum below 6e-5, which sqrt(softplus) of these weights never does;
 * indexer ties: HF keeps torch.topk's order, the spec breaks ties toward the lower row; scores
@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 import torch  # the test extra's oracles: a missing one fails the suite, never skips it
 import transformers  # noqa: F401
-
-from ds4agent.engine import Engine, SamplingParams  # noqa: E402
 from helpers import rel_err as _rel  # noqa: E402
 from hf_oracle import load_hf  # noqa: E402
+
+from ds4agent.engine import Engine, SamplingParams  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -158,10 +158,11 @@ def test_qat_changes_logits_a_little(demo_path) -> None:
 
 
 def test_compiled_graph_equals_eager(demo_path, monkeypatch) -> None:
-    """The mx.compile'd runs of small ops (model.fused) compute exactly what the plain ops do:
+    """The mx.compile'd runs of small ops (ops.fused) compute exactly what the plain ops do:
     prefill and decode logits and the cached rows, FP8 simulation on, bit for bit. (On the MLX
     path: the reference kernels. The CPU kernels run the small ops in numpy, uncompiled.)"""
-    from ds4agent.engine import model
+    from ds4agent.engine import model, ops
+    from ds4agent.engine.kernels import reference
 
     def run() -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
         with Engine.open(demo_path, backend="cpu", ctx=1024, kernels="reference") as e:
@@ -176,7 +177,9 @@ def test_compiled_graph_equals_eager(demo_path, monkeypatch) -> None:
             return first, np.array(s.logits), rows
 
     compiled = run()
-    monkeypatch.setattr(model, "fused", lambda fn, *static: lambda *arrays: fn(*arrays, *static))
+    eager_fused = lambda fn, *static: lambda *arrays: fn(*arrays, *static)  # noqa: E731
+    for module in (ops, model, reference):  # each imported the name
+        monkeypatch.setattr(module, "fused", eager_fused)
     eager = run()
     assert np.array_equal(compiled[0], eager[0]) and np.array_equal(compiled[1], eager[1])
     assert all(np.array_equal(a, b) for a, b in zip(compiled[2], eager[2]))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ds4agent.engine.template import THINK_MAX, one_shot_prompt
+from ds4agent.protocol.template import THINK_MAX, one_shot_prompt
 
 
 def ds4(*args: str, model: Path, stdin: str | None = None) -> subprocess.CompletedProcess:
@@ -88,7 +88,7 @@ def test_dump_logprobs(demo_path: Path, tmp_path: Path) -> None:
         assert bytes(tops[0]["token"]["bytes"]).decode("utf-8", "replace") is not None
     # Greedy steps agree with a plain greedy run of the same prompt.
     plain = ds4("-p", "Hello", "--nothink", "-n", "4", "--ctx", "512", "--temp", "0", model=demo_path)
-    from ds4agent.engine import Tokenizer
+    from ds4agent.modelfile import Tokenizer
 
     tok = Tokenizer.from_gguf(demo_path)
     assert plain.stdout.rstrip("\n") == tok.decode([s["selected"]["id"] for s in doc["steps"]]).rstrip("\n")

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 from gguf.constants import GGMLQuantizationType as Q
 from gguf.quants import dequantize as oracle
+from helpers import random_blocks, same_bits
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ds4agent.engine.quants import dequantize
-from helpers import random_blocks, same_bits
 
 TYPES = [Q.Q8_0, Q.Q2_K, Q.Q4_K, Q.IQ2_XXS]
 
@@ -34,7 +34,7 @@ def test_random_blocks_bit_exact(qtype: Q, data: st.DataObject) -> None:
 @pytest.mark.parametrize("name", ["blk.3.ffn_gate_exps.weight", "blk.3.ffn_up_exps.weight",
                                   "blk.3.ffn_down_exps.weight", "blk.0.attn_q_b.weight", "output.weight"])
 def test_demo_tensors_bit_exact(demo_path, name: str) -> None:
-    from ds4agent.engine.gguf import GGUFFile
+    from ds4agent.modelfile.gguf import GGUFFile
 
     with GGUFFile(demo_path) as f:
         t = f.tensors[name]
@@ -44,7 +44,7 @@ def test_demo_tensors_bit_exact(demo_path, name: str) -> None:
 
 
 def test_q4_k_demo(demo_q4_path) -> None:
-    from ds4agent.engine.gguf import GGUFFile
+    from ds4agent.modelfile.gguf import GGUFFile
 
     with GGUFFile(demo_q4_path) as f:
         rows = f.array("blk.4.ffn_down_exps.weight")[2]
@@ -65,8 +65,8 @@ def test_q8_0_repack_is_lossless(demo_path) -> None:
     quantised matmul agrees with a float32 matmul on the dequantised weights."""
     import mlx.core as mx
 
-    from ds4agent.engine.gguf import GGUFFile
     from ds4agent.engine.weights import QMatrix
+    from ds4agent.modelfile.gguf import GGUFFile
 
     with GGUFFile(demo_path) as f:
         for name in ("blk.1.attn_q_b.weight", "blk.4.attn_output_a.weight", "blk.2.ffn_down_shexp.weight"):

@@ -17,8 +17,17 @@ from pathlib import Path
 import pytest
 
 from ds4agent.tools import Policy, Workspace, all_tools, run_tool
-from ds4agent.tools.sandbox import (SANDBOX_EXEC, Backend, Confinement, bwrap_argv, denial, detect, landlock_abi,
-                                    landlock_argv, seatbelt_profile)
+from ds4agent.tools.sandbox import (
+    SANDBOX_EXEC,
+    Backend,
+    Confinement,
+    bwrap_argv,
+    denial,
+    detect,
+    landlock_abi,
+    landlock_argv,
+    seatbelt_profile,
+)
 from ds4agent.tools.shell import Jobs, bash
 
 TOOLS = all_tools()

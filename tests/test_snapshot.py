@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from ds4agent.engine import Engine, SamplingParams
-from ds4agent.engine.config import FLASH
 from ds4agent.engine.state import PayloadError, payload_size
+from ds4agent.modelfile.config import FLASH
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +57,7 @@ def test_restore_runs_no_forward_pass(engine, monkeypatch) -> None:
 
 
 def test_flash_payload_size_formula() -> None:
-    """spec/model.md §4.3: bytes(2048) = 52 184 460 for the published shape."""
+    """docs/model.md §4.3: bytes(2048) = 52 184 460 for the published shape."""
     def spec_formula(n: int) -> int:
         return (52 + 4 * n + 517120 + 344 + 43 * min(n, 128) * 2048 + 21 * ((n // 4) * 2560 + 81920)
                 + 20 * ((n // 128) * 2048 + 524288))

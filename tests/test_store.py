@@ -10,13 +10,13 @@ import time
 
 import numpy as np
 import pytest
+from helpers import convo_session, damage
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ds4agent.engine import Engine, SamplingParams
 from ds4agent.sessions.kvfile import KVFileError, read_file, read_header
 from ds4agent.sessions.store import SessionStore, StoreError, title_of
-from helpers import convo_session, damage
 
 
 @pytest.fixture(scope="module")
@@ -212,7 +212,7 @@ def test_another_model_is_refused(demo_q4_path, tmp_path, saved) -> None:
 
 
 def test_another_model_same_shape_is_refused(tmp_path, saved) -> None:
-    from ds4agent.engine.demo import write_demo
+    from ds4agent.modelfile.demo import write_demo
 
     store, good, _ = saved
     other = write_demo(tmp_path / "seed1.gguf", "tiny", 1)
@@ -305,7 +305,7 @@ def _fuzz_base(engine, tmp_path_factory):
 
 
 def test_ds4_layout_and_files_without_our_checksum(engine, tmp_path) -> None:
-    """Offsets of spec/model.md §6.2; a file as ds4 writes it (no checksum, fingerprint 0) loads."""
+    """Offsets of docs/model.md §6.2; a file as ds4 writes it (no checksum, fingerprint 0) loads."""
     import struct
 
     from ds4agent.sessions.kvfile import FLAG_CHECKSUM, HEADER

@@ -10,14 +10,23 @@ import time
 
 import numpy as np
 import pytest
+from helpers import convo_session, damage
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ds4agent.engine import Engine
-from ds4agent.sessions.kvfile import (CHECKSUM_MAGIC, CHECKSUM_SIZE, FLAG_CHECKSUM, HEADER, KVFileError, _checksum,
-                                      read_file, read_header, text_sha)
+from ds4agent.sessions.kvfile import (
+    CHECKSUM_MAGIC,
+    CHECKSUM_SIZE,
+    FLAG_CHECKSUM,
+    HEADER,
+    KVFileError,
+    _checksum,
+    read_file,
+    read_header,
+    text_sha,
+)
 from ds4agent.sessions.store import SessionStore, StoreError
-from helpers import convo_session, damage
 
 FUZZ = settings(max_examples=40, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])

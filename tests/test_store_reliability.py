@@ -8,7 +8,6 @@ import json
 import os
 import pathlib
 import signal
-import struct
 import subprocess
 import sys
 import threading
@@ -16,12 +15,12 @@ import time
 import tracemalloc
 
 import pytest
+from helpers import convo_session
 
 from ds4agent.engine import Engine
 from ds4agent.sessions import kvfile
-from ds4agent.sessions.kvfile import HEADER, KVFile, KVFileError, read_file, read_header
+from ds4agent.sessions.kvfile import HEADER, read_file, read_header
 from ds4agent.sessions.store import SessionStore, StoreError
-from helpers import convo_session
 
 GB = 1 << 30
 

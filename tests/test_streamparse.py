@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from ds4agent.engine.streamparse import StreamParser, events_text
-from ds4agent.engine.template import parse
+from ds4agent.protocol.streamparse import StreamParser, events_text
+from ds4agent.protocol.template import parse
 
 HERE = Path(__file__).resolve().parent
 CASES = []

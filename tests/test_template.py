@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ds4agent.engine.template import TemplateError, parse, render, tool_calls_dsml
+from ds4agent.protocol.template import TemplateError, parse, render, tool_calls_dsml
 
 HERE = Path(__file__).resolve().parent
 # Produced by the official encoder (copied once from the workspace's shared golden data; see

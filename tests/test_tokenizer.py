@@ -8,9 +8,9 @@ from importlib import resources
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from ds4agent.engine.tokenizer import Tokenizer
 from tokenizer_corpus import corpus
+
+from ds4agent.modelfile.tokenizer import Tokenizer
 
 CORPUS = corpus()
 
@@ -91,13 +91,13 @@ def test_plain_encode_keeps_control_strings_as_text(demo_tokenizer: Tokenizer) -
 
 
 def test_dsml_close_marker_is_two_tokens(demo_tokenizer: Tokenizer) -> None:
-    """spec/product.md §1.1: the close tag is '</' followed by the DSML special."""
+    """docs/protocol.md §1.1: the close tag is '</' followed by the DSML special."""
     ids = demo_tokenizer.encode_rendered("</｜DSML｜tool_calls>")
     assert demo_tokenizer.tokens[ids[0]] == "</" and ids[1] == demo_tokenizer.special["dsml"]
 
 
 def test_four_spaces_then_word_split(demo_tokenizer: Tokenizer) -> None:
-    """spec/product.md §1.2: "    int" -> "   " + " int"."""
+    """docs/protocol.md §1.2: "    int" -> "   " + " int"."""
     ids = demo_tokenizer.encode("    int")
     assert [demo_tokenizer.decode([i]) for i in ids] == ["   ", " int"]
 
@@ -132,7 +132,8 @@ GRAPHEMES_AND_SCRIPTS = [t for t in CORPUS if any(ord(c) > 0x7F for c in t)][:80
 
 
 def test_from_gguf_errors(tmp_path) -> None:
-    from ds4agent.engine.gguf import GGUFError, ValueType as V, write_gguf
+    from ds4agent.modelfile.gguf import GGUFError, write_gguf
+    from ds4agent.modelfile.gguf import ValueType as V
 
     p = tmp_path / "novocab.gguf"
     write_gguf(p, {"general.architecture": (V.STRING, "deepseek4")}, [])
@@ -175,9 +176,11 @@ def _one_line(e: BaseException, path, fragment: str) -> None:
 
 @pytest.mark.parametrize("kind", list(DAMAGE))
 def test_damaged_vocabulary_is_one_clear_error(tmp_path, kind: str) -> None:
-    from ds4agent.engine import Engine, describe
-    from ds4agent.engine.gguf import GGUFError
     from small_model import write_small
+
+    from ds4agent.engine import Engine
+    from ds4agent.modelfile import describe
+    from ds4agent.modelfile.gguf import GGUFError
 
     p = write_small(tmp_path / "bad.gguf", vocab=_damaged_vocab(kind))
     for load in (Tokenizer.from_gguf, describe, lambda q: Engine.open(q, backend="cpu", ctx=64)):
@@ -218,8 +221,9 @@ def test_damaged_vocabulary_through_the_cli(tmp_path, kind: str) -> None:
 def test_library_rejection_becomes_gguf_error() -> None:
     """Whatever else the tokenizers library refuses (here a lone surrogate, which it cannot
     encode) comes out as the same one-line error, not the library's exception."""
-    from ds4agent.engine.gguf import GGUFError
     from small_model import small_vocab
+
+    from ds4agent.modelfile.gguf import GGUFError
 
     v = small_vocab()
     with pytest.raises(GGUFError, match="damaged vocabulary: the tokenizer library rejects it"):
@@ -227,8 +231,10 @@ def test_library_rejection_becomes_gguf_error() -> None:
 
 
 def test_vocabulary_of_the_wrong_type(tmp_path) -> None:
-    from ds4agent.engine.gguf import GGUFError, ValueType as V
     from small_model import write_small
+
+    from ds4agent.modelfile.gguf import GGUFError
+    from ds4agent.modelfile.gguf import ValueType as V
 
     p = write_small(tmp_path / "ints.gguf",
                     meta_edit=lambda m: m.__setitem__("tokenizer.ggml.merges", (V.ARRAY, (V.UINT32, [1, 2]))))

@@ -437,7 +437,7 @@ def test_fuzz_tool_arguments(tmp_path_factory) -> None:
 
 
 def test_schemas_are_valid_for_the_tools_block() -> None:
-    from ds4agent.engine.template import render
+    from ds4agent.protocol.template import render
 
     schemas = [t.schema() for t in TOOLS.values()]
     text = render([{"role": "system", "content": "S", "tools": schemas}, {"role": "user", "content": "x"}])

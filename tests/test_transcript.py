@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from ds4agent.engine.template import render
-from ds4agent.engine.transcript import Transcript
+from ds4agent.protocol.template import render
+from ds4agent.protocol.transcript import Transcript
 
 TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}}}]
 

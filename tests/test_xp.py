@@ -9,8 +9,8 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from ds4agent.engine import model
-from ds4agent.engine.kernels.reference import swiglu
+from ds4agent.engine import model, ops
+from ds4agent.engine.ops import swiglu
 from ds4agent.engine.state import NEG_INF, Frontier
 from ds4agent.engine.xp import NP, of, to
 
@@ -63,13 +63,13 @@ def test_numpy_extras_match_mlx() -> None:
 
 def test_norm_rope_query() -> None:
     x, w = _f32(5, 256, scale=3), _f32(256)
-    _close(*_both(model.rms_norm, x, w, 1e-6))
+    _close(*_both(ops.rms_norm, x, w, 1e-6))
     cos, sin = (np.float32(v) for v in (np.cos(_f32(5, 32)), np.sin(_f32(5, 32))))
     for inverse in (False, True):
-        _close(*_both(model.Rope.apply, x, cos, sin, 64, inverse=inverse))
+        _close(*_both(ops.Rope.apply, x, cos, sin, 64, inverse=inverse))
     q = _f32(5, 4 * 128)
     c, s = cos[:, :32], sin[:, :32]
-    _close(*_both(model._query, q, c, s, 4, 128, 64, 1e-6))
+    _close(*_both(ops.queries, q, c, s, 4, 128, 64, 1e-6))
 
 
 @pytest.mark.parametrize("ratio, n0, T", [(4, 0, 1), (4, 6, 13), (4, 3, 1), (128, 0, 300), (128, 250, 7)])
@@ -92,9 +92,9 @@ def test_hyper_connections_and_ffn_helpers() -> None:
     hc, T, E = 4, 3, 64
     X, mix = _f32(T, hc, E), _f32(T, (2 + hc) * hc)
     scale, base = _f32(3), _f32((2 + hc) * hc)
-    _close(*_both(model._hc_weights, mix, scale, base, hc, 1e-6, 20), rtol=1e-5)
-    _close(*_both(model._hc_mixed, X, mix, scale, base, hc, 1e-6, 20), rtol=1e-5)
+    _close(*_both(ops._hc_weights, mix, scale, base, hc, 1e-6, 20), rtol=1e-5)
+    _close(*_both(ops._hc_mixed, X, mix, scale, base, hc, 1e-6, 20), rtol=1e-5)
     y, post, M = _f32(T, E), _f32(T, hc), np.abs(_f32(T, hc, hc))
-    _close(*_both(model.hc_post, y, X, post, M))
+    _close(*_both(ops.hc_post, y, X, post, M))
     g, u = _f32(T, 128, scale=8), _f32(T, 128, scale=8)
     _close(*_both(swiglu, g, u, 7.0))

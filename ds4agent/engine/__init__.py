@@ -1,7 +1,11 @@
-"""The engine: the only package that knows tensors.
+"""The runtime engine: the only package that knows tensors. Opens a model file, runs the
+DeepSeek V4 forward pass (MLX, or numpy and C on the CPU kernels path), and holds each
+conversation's KV state in a Session.
 
-Public names are resolved lazily so that front ends importing e.g. the tokenizer do not pay for
-(or depend on) the MLX import.
+Public names, resolved lazily so that importing one (a front end asking for SamplingParams,
+say) does not load MLX: Engine, EngineError, EngineInfo, Session, Checkpoint, Step,
+ContextFullError, PayloadError, SamplingParams, kernel_report. Tokenizer, render and parse are re-exported
+from the layers below (the model file and the chat protocol) as the documented entry points.
 """
 
 from __future__ import annotations
@@ -9,12 +13,13 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any
 
-# public name -> module (relative to this package) that defines it
+# public name -> module that defines it (relative to this package, or absolute)
 _EXPORTS = {
-    "Engine": "engine", "EngineError": "engine", "Session": "session", "ContextFullError": "session",
-    "SamplingParams": "sampler", "Tokenizer": "tokenizer", "GGUFError": "gguf", "ConfigError": "config",
-    "ModelConfig": "config", "render": "template", "parse": "template", "Transcript": "transcript",
-    "StreamParser": "streamparse", "describe": "info",
+    "Engine": ".engine", "EngineError": ".engine", "EngineInfo": ".engine",
+    "Session": ".session", "Checkpoint": ".session", "Step": ".session", "ContextFullError": ".session",
+    "PayloadError": ".state", "SamplingParams": ".params", "kernel_report": ".report",
+    "Tokenizer": "ds4agent.modelfile.tokenizer", "render": "ds4agent.protocol.template",
+    "parse": "ds4agent.protocol.template",
 }
 __all__ = list(_EXPORTS)
 
@@ -23,4 +28,4 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(import_module(f".{module}", __name__), name)
+    return getattr(import_module(module, __name__), name)

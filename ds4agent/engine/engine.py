@@ -8,12 +8,13 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from .config import ModelConfig, check_tensors, claims_flash, config_from_gguf, validate_flash
-from .gguf import GGUFError, GGUFFile
-from .kernels import KernelError, select as select_kernels
+from ..modelfile.config import ModelConfig, check_tensors, claims_flash, config_from_gguf, validate_flash
+from ..modelfile.gguf import GGUFError, GGUFFile
+from ..modelfile.tokenizer import Tokenizer
+from .kernels import KernelError
+from .kernels import select as select_kernels
 from .model import Model, Options
 from .session import Session
-from .tokenizer import Tokenizer
 from .weights import Weights
 
 BACKENDS = ("auto", "cpu", "metal", "cuda")
@@ -115,8 +116,9 @@ class Engine:
             f.close()
             raise
 
-    def session(self) -> Session:
-        return Session(self)
+    def session(self, ctx: int | None = None) -> Session:
+        """A new, empty session; ``ctx`` defaults to the context the engine was opened with."""
+        return Session(self._model, self.tokenizer, self.info, self.ctx if ctx is None else ctx)
 
     def close(self) -> None:
         self._file.close()

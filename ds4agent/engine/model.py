@@ -1,4 +1,4 @@
-"""The DeepSeek V4 Flash forward pass in MLX ops (spec/model.md §3–§4).
+"""The DeepSeek V4 Flash forward pass in MLX ops (docs/model.md §3–§4).
 
 One function runs a batch of T consecutive tokens through every layer and advances the
 streaming state. Decode is the same call with T = 1, so prefill and decode share every line:
@@ -22,9 +22,9 @@ import mlx.core as mx
 import numpy as np
 
 from . import qat
-from .config import ModelConfig
 from .kernels import Kernels
-from .kernels.reference import ReferenceKernels, swiglu
+from .kernels.reference import ReferenceKernels
+from .ops import Rope, fused, norm, rms_norm, swiglu
 from .state import NEG_INF, Frontier, LayerState, ModelState
 from .weights import Weights
 from .xp import NP, of, to
@@ -35,120 +35,6 @@ ROUTE_WEIGHT_FLOOR = 6.103515625e-5  # 2^-14: floor of the sum of selected route
 @dataclass(frozen=True)
 class Options:
     qat_sim: bool = True  # FP8/FP4 KV simulation and f16 cache rounding (the model's own numerics)
-
-
-def rms_norm(x: mx.array, w: mx.array | None, eps: float) -> mx.array:
-    xp = of(x)
-    y = x * xp.rsqrt(xp.mean(x * x, axis=-1, keepdims=True) + eps)
-    return y if w is None else y * w
-
-
-_FUSED: dict = {}
-
-
-def fused(fn, *static):
-    """``fn(*arrays, *static)`` compiled by mx.compile, once per function and static arguments.
-
-    Decode runs a few hundred tiny MLX ops per layer between the kernels, and eagerly each is
-    its own dispatch (on a GPU, its own kernel launch). Compiled, runs of elementwise ops become
-    a few fused kernels with the same float operations: the tests run the model both ways and
-    the logits and the FP8-rounded cache agree bit for bit. On the CPU it measured no
-    end-to-end gain (the Sinkhorn comb alone: 0.52 ms eager, 0.28 ms compiled per call).
-    numpy arrays (the CPU kernels path) run ``fn`` directly."""
-    key = (fn, static)
-    f = _FUSED.get(key)
-    if f is None:
-        compiled = mx.compile(lambda *arrays: fn(*arrays, *static))
-        f = _FUSED[key] = lambda *arrays: compiled(*arrays) if isinstance(arrays[0], mx.array) else fn(*arrays, *static)
-    return f
-
-
-def _norm(x: mx.array, w: mx.array, eps: float) -> mx.array:
-    return rms_norm(x, w, eps)
-
-
-# -- RoPE ---------------------------------------------------------------------------------------
-
-class Rope:
-    """Tail RoPE with adjacent pairs (x[2k], x[2k+1]) on the last n_rot dims (spec §3.4b).
-
-    Window-only layers use rope_base plainly; compressed layers use compress_rope_base with
-    YaRN frequency blending and no magnitude scaling. Angles are computed in float64 and
-    rounded once, so cache writes and queries agree at every position.
-    """
-
-    def __init__(self, cfg: ModelConfig) -> None:
-        half = cfg.n_rot // 2
-        k = np.arange(half, dtype=np.float64)
-        self.plain = cfg.rope_base ** (-2.0 * k / cfg.n_rot)
-        base = cfg.compress_rope_base
-        ext = base ** (-2.0 * k / cfg.n_rot)
-
-        def corr(beta: float) -> float:
-            return cfg.n_rot * math.log(cfg.rope_orig_ctx / (beta * 2 * math.pi)) / (2 * math.log(base))
-
-        low = max(0.0, math.floor(corr(cfg.yarn_beta_fast)))
-        high = min(half - 1.0, math.ceil(corr(cfg.yarn_beta_slow)))
-        ramp = 1.0 - np.clip((k - low) / max(0.001, high - low), 0.0, 1.0)
-        self.yarn = ext * (ramp + (1.0 - ramp) / cfg.rope_scaling_factor)
-
-    def tables(self, positions: np.ndarray, compressed: bool, xp=mx) -> tuple[mx.array, mx.array]:
-        theta = np.asarray(positions, dtype=np.float64)[:, None] * (self.yarn if compressed else self.plain)[None, :]
-        return xp.array(np.cos(theta).astype(np.float32)), xp.array(np.sin(theta).astype(np.float32))
-
-    @staticmethod
-    def apply(x: mx.array, cos: mx.array, sin: mx.array, n_rot: int, inverse: bool = False) -> mx.array:
-        """Rotate the last n_rot dims of x (..., T, [heads,] D); cos/sin are (T, n_rot/2) and
-        broadcast over any head axis placed between T and D by the caller."""
-        d = x.shape[-1] - n_rot
-        s = -sin if inverse else sin
-        a, b = x[..., d::2], x[..., d + 1 :: 2]
-        if isinstance(x, np.ndarray):  # the same arithmetic, written in place of a copy
-            out = x.copy()
-            out[..., d::2] = a * cos - b * s
-            out[..., d + 1 :: 2] = a * s + b * cos
-            return out
-        rot = mx.stack([a * cos - b * s, a * s + b * cos], axis=-1).reshape(*x.shape[:-1], n_rot)
-        return mx.concatenate([x[..., :d], rot], axis=-1)
-
-
-# -- hyper-connections --------------------------------------------------------------------------
-
-def _hc_weights(mix: mx.array, scale: mx.array, base: mx.array, hc: int, eps: float, iters: int):
-    """The hyper-connection weights from the mixing projection: pre (T, hc), post (T, hc) and
-    the Sinkhorn-balanced comb (T, hc, hc)."""
-    xp = of(mix)
-    pre = xp.sigmoid(mix[:, :hc] * scale[0] + base[:hc]) + eps
-    post = 2.0 * xp.sigmoid(mix[:, hc : 2 * hc] * scale[1] + base[hc : 2 * hc])
-    M = (mix[:, 2 * hc :] * scale[2] + base[2 * hc :]).reshape(-1, hc, hc)  # M[t, src, dst]
-    M = xp.softmax(M, axis=-1) + eps
-    M = M / (xp.sum(M, axis=-2, keepdims=True) + eps)
-    for _ in range(iters - 1):
-        M = M / (xp.sum(M, axis=-1, keepdims=True) + eps)
-        M = M / (xp.sum(M, axis=-2, keepdims=True) + eps)
-    return pre, post, M
-
-
-def _hc_flat(X: mx.array, eps: float) -> mx.array:
-    T, hc, E = X.shape
-    return rms_norm(X.reshape(T, hc * E), None, eps)
-
-
-def _hc_mixed(X: mx.array, mix: mx.array, scale: mx.array, base: mx.array, hc: int, eps: float, iters: int):
-    pre, post, M = _hc_weights(mix, scale, base, hc, eps, iters)
-    return of(X).sum(pre[:, :, None] * X, axis=1), post, M
-
-
-def hc_pre(X: mx.array, project, scale: mx.array, base: mx.array, cfg: ModelConfig):
-    """X (T, hc, E) -> sublayer input (T, E), post (T, hc), comb (T, hc, hc); ``project`` is
-    the mixing matrix as a function of the normalised flat streams."""
-    mix = project(fused(_hc_flat, cfg.rms_eps)(X))  # (T, (2+hc)·hc)
-    return fused(_hc_mixed, cfg.hc_count, cfg.hc_eps, cfg.hc_sinkhorn_iters)(X, mix, scale, base)
-
-
-def hc_post(y: mx.array, X: mx.array, post: mx.array, M: mx.array) -> mx.array:
-    """X_new[t, j] = post[t, j]·y[t] + Σ_i M[t, i, j]·X[t, i]  (Mᵀ, not M)."""
-    return post[:, :, None] * y[:, None, :] + of(M).swapaxes(M, 1, 2) @ X
 
 
 # -- compressor ---------------------------------------------------------------------------------
@@ -197,12 +83,6 @@ def compressor_step(fr: Frontier, ratio: int, n0: int, kv: mx.array, score: mx.a
             xp.concatenate([seq_sc[n_emit * ratio :], xp.full((ratio - rem, W), NEG_INF, xp.float32)], axis=0),
         )
     return pooled, new, n0 - pending
-
-
-def _query(q: mx.array, cos: mx.array, sin: mx.array, H: int, D: int, R: int, eps: float) -> mx.array:
-    """q_b output (T, H·D) -> per-head RMS-normalised, rotated queries (H, T, D)."""
-    q = rms_norm(q.reshape(q.shape[0], H, D), None, eps)
-    return Rope.apply(of(q).swapaxes(q, 0, 1), cos, sin, R)
 
 
 # -- the model ----------------------------------------------------------------------------------
@@ -266,8 +146,8 @@ class Model:
         T, R = x.shape[0], cfg.n_rot
         ratio = cfg.ratio(i)
         cos, sin = tables[ratio != 0]
-        norm = fused(_norm, cfg.rms_eps)
-        a = norm(x, w(p + "attn_norm.weight"))
+        rmsn = fused(norm, cfg.rms_eps)
+        a = rmsn(x, w(p + "attn_norm.weight"))
         # Every product of the normalised input ``a`` in one kernel call; the indexer's only
         # once some query has more compressed rows than it may attend (see _indexer).
         index = ratio == 4 and (int(pos[-1]) + 1) // 4 > cfg.indexer_top_k
@@ -275,10 +155,10 @@ class Model:
         names += ["indexer_compressor_kv", "indexer_compressor_gate"] if ratio == 4 else []
         names += ["indexer.proj"] if index else []
         pa = dict(zip(names, self.k.linears(a, tuple(p + n + ".weight" for n in names))))
-        qr = norm(pa["attn_q_a"], w(p + "attn_q_a_norm.weight"))
+        qr = rmsn(pa["attn_q_a"], w(p + "attn_q_a_norm.weight"))
         pq = self.k.linears(qr, (p + "attn_q_b.weight",) + ((p + "indexer.attn_q_b.weight",) if index else ()))
         q = self.k.queries(pq[0], cos, sin)  # (H, T, D)
-        kv = norm(pa["attn_kv"], w(p + "attn_kv_a_norm.weight"))
+        kv = rmsn(pa["attn_kv"], w(p + "attn_kv_a_norm.weight"))
         kv = self._finish_kv(fused(Rope.apply, R)(kv, cos, sin))
 
         # Compressed rows emitted by this batch, visible from their window's last token on.
@@ -314,7 +194,7 @@ class Model:
         return lin(low, p + "attn_output_b.weight")
 
     def _finish_kv(self, rows: mx.array) -> mx.array:
-        """KV cache rounding: FP8 on the non-RoPE dims, then f16 (spec §3.4c)."""
+        """KV cache rounding: FP8 on the non-RoPE dims, then f16 (docs/model.md §3.4c)."""
         if not self.opt.qat_sim:
             return rows
         return self.k.kv_round(rows, self.cfg.n_rot)
@@ -329,7 +209,7 @@ class Model:
         phase = self.xp.array((np.arange(p0, p0 + T) % ratio).astype(np.int32))
         sc = pa[f"{prefix}_gate"] + ape[phase]
         pooled, fr, start = compressor_step(fr, ratio, p0, kv, sc)
-        return fused(_norm, self.cfg.rms_eps)(pooled, w(p + f"{prefix}_norm.weight")), fr, start
+        return fused(norm, self.cfg.rms_eps)(pooled, w(p + f"{prefix}_norm.weight")), fr, start
 
     def _indexer(self, i: int, pa: dict, qi, pos: np.ndarray, table, st: LayerState, p0: int) -> np.ndarray | None:
         """Update the indexer rows; return the (T, n_comp) selection mask, or None when every
@@ -370,7 +250,7 @@ class Model:
     # Mixture of experts ----------------------------------------------------------------------
     def _ffn(self, i: int, x: mx.array, ids: np.ndarray) -> mx.array:
         cfg, w, p, xp = self.cfg, self.param, f"blk.{i}.", self.xp
-        f = fused(_norm, cfg.rms_eps)(x, w(p + "ffn_norm.weight"))
+        f = fused(norm, cfg.rms_eps)(x, w(p + "ffn_norm.weight"))
         logits, g, u = self.k.linears(f, tuple(p + n + ".weight" for n in ("ffn_gate_inp", "ffn_gate_shexp", "ffn_up_shexp")))
         # sqrt(softplus), ds4's piecewise form; exp of at most 20 (never overflows in numpy).
         ex = xp.exp(xp.minimum(logits, 20.0))

@@ -1,10 +1,10 @@
-"""FP8/FP4 KV simulation of DeepSeek V4 (spec/model.md §3.4c–e), in float32 ops of MLX or
+"""FP8/FP4 KV simulation of DeepSeek V4 (docs/model.md §3.4c–e), in float32 ops of MLX or
 numpy (whichever the input is; see xp.py).
 
 The official model was trained with its KV cache rounded to FP8 (E4M3) on the non-RoPE dims
 and its indexer keys/queries to FP4 (E2M1) after a Hadamard rotation, so inference applies the
 same rounding. Everything here is bit-exact with ds4's CPU reference functions (IEEE float32
-semantics; tests/test_qat.py checks ../shared/golden/qat_vectors.npz):
+semantics; tests/test_qat.py checks tests/data/qat_vectors.npz):
 
 * element rounders work on the float32 bit pattern (exponent field -> grid step), then round
   half-to-even with the 1.5·2^23 trick, so no transcendental function is involved;
@@ -153,7 +153,7 @@ def indexer_round(x: Array) -> Array:
 
 
 def kv_round(x: Array, n_rot: int) -> Array:
-    """What the KV cache holds of a row (spec §3.4c): FP8 on the non-RoPE dims, then f16."""
+    """What the KV cache holds of a row (docs/model.md §3.4c): FP8 on the non-RoPE dims, then f16."""
     return f16_round(fp8_kv_round(x, n_rot))
 
 

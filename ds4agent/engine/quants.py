@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import mlx.core as mx
 import numpy as np
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as Q
+from gguf.constants import GGML_QUANT_SIZES
+from gguf.constants import GGMLQuantizationType as Q
 from gguf.quants import IQ2_XXS as _GGUF_IQ2_XXS
 
 

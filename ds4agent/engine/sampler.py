@@ -1,6 +1,6 @@
 """Token sampling: temperature, top-k, top-p, min-p with a seedable 64-bit xorshift generator.
 
-Semantics follow spec/product.md §3.3 so a seed reproduces a run: temperature <= 0 is argmax
+Semantics follow docs/protocol.md §3.3 so a seed reproduces a run: temperature <= 0 is argmax
 (first maximum); min-p is relative to the most likely token; without top-k/top-p the draw walks
 the vocabulary in id order. Logits arrive as float32 numpy (front ends never see MLX arrays).
 """
@@ -9,31 +9,12 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
 
 import numpy as np
 
+from .params import SamplingParams
+
 _MASK64 = (1 << 64) - 1
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    temperature: float = 1.0
-    top_p: float = 1.0
-    min_p: float = 0.05
-    top_k: int = 0  # 0 disables
-    seed: int | None = None
-
-    def validate(self) -> "SamplingParams":
-        if not (self.temperature >= 0):
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not (0 < self.top_p <= 1):
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not (0 <= self.min_p <= 1):
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
-        if not (0 <= self.top_k <= 1024):
-            raise ValueError(f"top_k must be in 0..1024, got {self.top_k}")
-        return self
 
 
 class Rng:

@@ -8,6 +8,7 @@ change the mathematics (the model reproduces token-by-token semantics inside a b
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
@@ -15,10 +16,12 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 import numpy as np
 
 from .sampler import Sampler, SamplingParams
-from .state import ModelState, read_payload, write_payload
+from .state import ModelState, payload_size, read_payload, write_payload
 
 if TYPE_CHECKING:
-    from .engine import Engine
+    from ..modelfile.tokenizer import Tokenizer
+    from .engine import EngineInfo
+    from .model import Model
 
 Progress = Callable[[int, int], None]  # (tokens done, tokens to do)
 
@@ -73,16 +76,27 @@ class Checkpoint:
 class Session:
     prefill_chunk = 256
 
-    def __init__(self, engine: "Engine") -> None:
-        self._engine = engine
-        self._model = engine._model
-        self.ctx = engine.ctx
+    def __init__(self, model: "Model", tokenizer: "Tokenizer", info: "EngineInfo", ctx: int) -> None:
+        """Made by Engine.session(ctx): the model to run, the tokenizer (its end-of-sentence id
+        ends generation; the session store decodes the tokens with it) and the engine's info
+        (what a saved session must match)."""
+        if ctx < 2:
+            raise ValueError(f"context size must be at least 2 tokens, got {ctx}")
+        self._model = model
+        self.tokenizer = tokenizer
+        self.info = info
+        self._ctx = ctx
         self.last_prefill = PrefillStats()
         self.reset()
 
     @property
-    def engine(self) -> "Engine":
-        return self._engine
+    def ctx(self) -> int:
+        """The context size, fixed for the session's life (a snapshot records it)."""
+        return self._ctx
+
+    def payload_size(self, n_tokens: int) -> int:
+        """Bytes of this model's snapshot after ``n_tokens`` (what a saved payload must hold)."""
+        return payload_size(self._model.cfg, n_tokens)
 
     def reset(self) -> None:
         self._live = _Live(ModelState.empty(self._model.cfg), [], 0, None)
@@ -103,6 +117,15 @@ class Session:
         if logits is None:
             raise RuntimeError("no logits yet: sync or eval a token first")
         return logits
+
+    def top_logprobs(self, k: int) -> list[tuple[int, float, float]]:
+        """The ``k`` most likely next tokens as (id, logit, log-probability), most likely first
+        (ties: the lower id), computed in float64 (the --dump-logprobs layout)."""
+        logits = self.logits.astype(np.float64)
+        m = logits.max()
+        logz = m + math.log(np.exp(logits - m).sum())
+        top = np.argsort(-logits, kind="stable")[:k]
+        return [(int(t), float(logits[t]), float(logits[t] - logz)) for t in top]
 
     def checkpoint(self) -> Checkpoint:
         """Capture the live state without copying it (arrays are shared, never written), so
@@ -156,7 +179,7 @@ class Session:
         return len(todo)
 
     def snapshot(self) -> bytes:
-        """The live state as a DSV4 session payload (spec/model.md §6.1)."""
+        """The live state as a DSV4 session payload (docs/model.md §6.1)."""
         live = self._live
         if live.logits is None:
             raise RuntimeError("nothing to snapshot: the session holds no tokens")
@@ -181,7 +204,7 @@ class Session:
         Stops after EOS (which is yielded but not evaluated: a transcript appends it, and the next
         sync prefills it), after ``max_tokens``, or when the context has one slot left."""
         sampler = Sampler(params)
-        eos = self._engine.tokenizer.eos_id
+        eos = self.tokenizer.eos_id
         t = time.perf_counter()
         for index in range(max_tokens):
             token = sampler(self.logits)

@@ -1,4 +1,4 @@
-"""Per-layer streaming state between tokens (spec/model.md §4.3).
+"""Per-layer streaming state between tokens (docs/model.md §4.3).
 
 After n tokens a layer holds: the last min(n, window) raw KV rows; for compressed layers the
 floor(n/ratio) compressed rows (and, on ratio-4 layers, the indexer's compressed rows); and the
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 import mlx.core as mx
 import numpy as np
 
-from .config import ModelConfig
+from ..modelfile.config import ModelConfig
 from .xp import to
 
 # ds4's "empty" score: exp(NEG_INF - m) is exactly 0, and unlike -inf it cannot produce NaN.
@@ -105,7 +105,7 @@ class ModelState:
         return out
 
 
-# -- the session payload (spec/model.md §6.1) ---------------------------------------------------
+# -- the session payload (docs/model.md §6.1) ---------------------------------------------------
 #
 # Byte-compatible with ds4's DSV4 payload: 13 little-endian u32 header fields, then token ids,
 # next-token logits, per-layer compressed-row counts, and per layer the raw window rows in
@@ -134,7 +134,7 @@ def _frontier_shape(cfg: ModelConfig, layer: int) -> tuple[int, int]:
 
 
 def payload_size(cfg: ModelConfig, n: int) -> int:
-    """Exact payload bytes after n tokens, computed without building it (spec §4.3)."""
+    """Exact payload bytes after n tokens, computed without building it (docs/model.md §4.3)."""
     size = 4 * HEADER_FIELDS + 4 * n + 4 * cfg.n_vocab + 2 * 4 * cfg.n_layer
     live = min(n, cfg.sliding_window)
     for i in range(cfg.n_layer):

@@ -7,7 +7,7 @@ real model they are huge and each token touches a sliver of them:
 * the embedding (0.99 GiB): rows are gathered per token from the mmap;
 * the hash-routing tables: rows are gathered per token;
 * routed experts (1.7–3.4 GiB per layer): only the selected experts' packed rows are copied
-  out of the mmap and dequantised (spec/model.md §9 trap 25).
+  out of the mmap and dequantised (docs/model.md §9 trap 25).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import mlx.core as mx
 import numpy as np
 from gguf.constants import GGMLQuantizationType
 
-from .config import ModelConfig
-from .gguf import GGUFFile
+from ..modelfile.config import ModelConfig
+from ..modelfile.gguf import GGUFFile
 from .quants import dequantize
 
 

@@ -1,4 +1,4 @@
-"""The on-disk session file (spec/model.md §6.2), byte-compatible with ds4's KV cache files.
+"""The on-disk session file (docs/model.md §6.2), byte-compatible with ds4's KV cache files.
 
     0  "KVC"  u8 version=1  u8 expert quant bits (2|4)  u8 save reason  u8 flags  u8 reserved
     8  u32 tokens  u32 hits  u32 ctx  u32 model fingerprint (ds4: reserved, 0)
@@ -36,7 +36,7 @@ CHECKSUM_SIZE = 4 + 20
 REASONS = {"unknown": 0, "cold": 1, "continued": 2, "evict": 3, "shutdown": 4, "agent-system": 5, "agent-session": 6}
 REASON_NAMES = {v: k for k, v in REASONS.items()}
 MAX_TEXT = 1 << 30  # a rendered text longer than 1 GiB is a corrupt length field
-# Extension flags of ds4 (spec §6.2): the text is the "visible" text, not the tokens' text.
+# Extension flags of ds4 (docs/model.md §6.2): the text is the "visible" text, not the tokens' text.
 FLAGS_VISIBLE_TEXT = 2 | 4
 # Bytes of text per token, at most: the V4 vocabulary's longest token is 128 bytes; the margin
 # keeps files of other vocabularies readable. With tokens < ctx this bounds what is read for
@@ -45,7 +45,7 @@ MAX_TOKEN_BYTES = 1024
 # The tool-id map holds the ids and exact DSML of the conversation's tool calls; the store
 # refuses to write a larger one, so a larger tail is damage (and is never read).
 MAX_TOOLMAP = 64 << 20
-# The engine payload's own header (spec §6.1): 13 u32, magic "DSV4". Read here, without the
+# The engine payload's own header (docs/model.md §6.1): 13 u32, magic "DSV4". Read here, without the
 # engine, so that a listing can check the header's token count against the payload's.
 PAYLOAD_HEADER = struct.Struct("<13I")
 PAYLOAD_MAGIC = 0x34565344
@@ -222,7 +222,7 @@ def open_regular(path: str | os.PathLike[str], writable: bool = False) -> tuple[
 
 @dataclass(frozen=True)
 class PayloadHeader:
-    """The 13 u32 at the start of an engine payload (spec §6.1), as far as a reader without
+    """The 13 u32 at the start of an engine payload (docs/model.md §6.1), as far as a reader without
     the model can check them."""
 
     version: int

@@ -33,11 +33,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
-from .kvfile import (MAX_TOOLMAP, READ_CHUNK, REASON_NAMES, REASONS, KVFile, KVFileError, KVFileGone, KVHeader,
-                     KVReader, read_file, read_header, read_summary, text_sha)
+from .. import settings
+from .kvfile import (
+    MAX_TOOLMAP,
+    READ_CHUNK,
+    REASON_NAMES,
+    REASONS,
+    KVFile,
+    KVFileError,
+    KVFileGone,
+    KVHeader,
+    KVReader,
+    read_file,
+    read_header,
+    read_summary,
+    text_sha,
+)
 
 if TYPE_CHECKING:
-    from ..engine.session import Session
+    from ..engine import Session
 
 _NAME = re.compile(r"^[0-9a-f]{40}\.kv$")
 _SHA = re.compile(r"[0-9a-f]{40}")
@@ -73,12 +87,7 @@ class SessionInfo:
 
 
 def default_directory() -> Path:
-    env = os.environ.get("DS4_SESSIONS")
-    if env:
-        return Path(env).expanduser()
-    from ..engine.demo import ds4_home
-
-    return ds4_home() / "sessions"
+    return settings.sessions_dir()
 
 
 def title_of(text: bytes) -> str:
@@ -139,6 +148,12 @@ class SessionStore:
                 fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
             os.close(fd)
+
+    def saved(self, text: bytes) -> str | None:
+        """The id of the session saved with exactly this rendered text, if there is one (a
+        cheap existence check; load verifies the file)."""
+        sha = text_sha(text)
+        return sha if self.path(sha).exists() else None
 
     def path(self, sha: str) -> Path:
         return self.dir / f"{sha}.kv"
@@ -216,8 +231,7 @@ class SessionStore:
         tokens = session.tokens
         if not tokens:
             raise StoreError("nothing to save: the session holds no tokens")
-        engine = session.engine
-        text = engine.tokenizer.decode_bytes(tokens)
+        text = session.tokenizer.decode_bytes(tokens)
         sha = text_sha(text)
         now = int(time.time())
         with self._locked():
@@ -229,7 +243,7 @@ class SessionStore:
                 created, hits = old.created, old.hits
             except KVFileError:
                 pass  # none yet, or a damaged or special file of that name: it is replaced
-            info = engine.info
+            info = session.info
             header = KVHeader(info.expert_quant_bits, REASONS[reason], 0, len(tokens), hits, session.ctx,
                               info.fingerprint, created, now, 0, 0)
             data = KVFile(header, text, session.snapshot(), tools).to_bytes()
@@ -311,8 +325,7 @@ class SessionStore:
         On any failure (a StoreError, or an interrupt during a re-prefill) the session is left
         exactly as it was before the call: the user's live conversation is never lost to a
         file that turned out to be unusable."""
-        from ..engine.session import ContextFullError
-        from ..engine.state import PayloadError
+        from ..engine import ContextFullError, PayloadError
 
         path = self._checked_path(sha)
         cp = session.checkpoint()  # O(1): rolling back costs no copy and no prefill
@@ -335,10 +348,7 @@ class SessionStore:
             raise  # an interrupt, or a bug: not disguised as a damaged file
 
     def _load(self, path: Path, sha: str, session: "Session") -> SessionInfo:
-        from ..engine.state import payload_size
-
-        engine = session.engine
-        info, tok = engine.info, engine.tokenizer
+        info, tok = session.info, session.tokenizer
         cfg = info.config
         # Everything that can be checked from the header and the model comes before anything
         # big is read: a sparse file claiming 100 GB costs a few preads.
@@ -354,7 +364,7 @@ class SessionStore:
                                  f"this session has {session.ctx}")
             full = h.payload_bytes > 0
             if full:
-                want = payload_size(cfg, h.tokens)
+                want = session.payload_size(h.tokens)
                 if h.payload_bytes != want:
                     raise StoreError(f"{path}: payload of {h.payload_bytes} bytes, where {h.tokens} tokens of this "
                                      f"model take {want} (damaged, or saved with another model); not loaded")

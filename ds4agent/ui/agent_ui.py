@@ -6,38 +6,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import IO, Callable
 
-from ..agent import Agent, AgentEvent, event_json
+from ..conversation import Agent, Event, event_json
 from ..sessions import SessionStore, StoreError
 from ..tools import MODES, SANDBOX_MODES, Request
-from .chat import COMMANDS, ID_CHARS, RESET, ChatCommands, Out, Renderer, _ago, _k, run_tty, session_kind, stop_note
-
-GREEN, RED, YELLOW, GREY = "\x1b[32m", "\x1b[31m", "\x1b[33m", "\x1b[90m"
-
-AGENT_COMMANDS = {**{k: v for k, v in COMMANDS.items() if k != "/system"},
-                  "/compact": "summarise the conversation to free context",
-                  "/approval": "ask|auto-edit|yolo: how much runs without asking (no argument: the mode and the "
-                               "session's 'always' answers; 'clear' forgets them)",
-                  "/sandbox": "read-only|workspace-write|full-access: what shell commands may write"}
-
-
-def color_diff(diff: str) -> str:
-    out = []
-    for line in diff.splitlines():
-        if line.startswith(("+++", "---")):
-            out.append(f"\x1b[1m{line}{RESET}")
-        elif line.startswith("+"):
-            out.append(f"{GREEN}{line}{RESET}")
-        elif line.startswith("-"):
-            out.append(f"{RED}{line}{RESET}")
-        elif line.startswith("@@"):
-            out.append(f"\x1b[36m{line}{RESET}")
-        else:
-            out.append(line)
-    return "\n".join(out)
+from .chat import run_tty
+from .commands import ChatCommands, commands_for, load_session, saved_sessions, session_line
+from .terminal import GREY, YELLOW, Out, TurnView, run_events, short_count
 
 
 class AgentCommands(ChatCommands):
-    commands = AGENT_COMMANDS
+    commands = commands_for("agent")
 
     def __init__(self, agent: Agent, store: SessionStore, out: Out, ask) -> None:
         super().__init__(agent.conv, store, out, ask)
@@ -115,51 +93,8 @@ def tty_approver(out: Out, ask_text: Callable[[str], str]) -> Callable[[Request]
 
 
 def run_agent_turn(agent: Agent, text: str, out: Out, show_thinking: bool) -> None:
-    r = Renderer(out, show_thinking)
-    note = None
-    try:
-        for ev in agent.run(text):
-            if ev.kind == "interrupted":  # Esc / Ctrl+C set agent.conv.stop (run_tty)
-                note = stop_note(ev.text)
-            r = _show(ev, r, out, show_thinking)
-        r.finish(note)
-    except KeyboardInterrupt:
-        outcome = agent.conv.interrupted()
-        r.finish(stop_note("withdrawn" if outcome == "rolled back" else "interrupted"))
-
-
-def _show(ev: AgentEvent, r: Renderer, out: Out, show_thinking: bool) -> Renderer:
-    if ev.kind == "prefill":
-        r.prefill(ev.done, ev.total, 0.0)
-    elif ev.kind == "reasoning":
-        r.reasoning(ev.text)
-    elif ev.kind == "content":
-        r.content(ev.text)
-    elif ev.kind == "call_start":
-        r.finish()
-        r = Renderer(out, show_thinking)
-    elif ev.kind in ("tool", "refused"):
-        r.finish()
-        mark, color = ("🛠️ ", GREEN if ev.ok else RED) if ev.kind == "tool" else ("✗ ", RED)
-        out.line(mark + ev.text, color)
-        if ev.detail:
-            out.write((color_diff(ev.detail) if out.tty else ev.detail).rstrip("\n") + "\n")
-        r = Renderer(out, show_thinking)
-    elif ev.kind == "compact_failed":
-        out.note(ev.text)
-    elif ev.kind == "compacted":
-        out.note(f"context compacted; summary: {ev.text}")
-    elif ev.kind == "attached":
-        out.note(f"attached {ev.text}")
-    elif ev.kind == "note":
-        out.note(ev.text)
-    elif ev.kind == "error":
-        out.note(ev.text, error=True)
-    elif ev.kind == "done" and ev.text:  # why the run stopped, unless the model simply finished
-        r.finish()
-        out.note(ev.text)
-        r = Renderer(out, show_thinking)
-    return r
+    """One user request, streamed, until the model answers without tool calls."""
+    run_events(agent.run(text), out, show_thinking, agent.conv.interrupted)
 
 
 def run_agent_tty(agent: Agent, store: SessionStore, history_file: Path | None, banner: str, **io) -> int:
@@ -182,7 +117,7 @@ def run_headless(agent: Agent, task: str, as_json: bool, stdout: IO[str], stderr
     (EXIT_CODES): 0 only when the model finished its answer. The plain transcript hides the
     reasoning and shows the answers; why a run stopped early goes to stderr."""
     out = Out(stdout, tty=False, err=stderr)
-    r = Renderer(out, show_thinking=False)
+    view = TurnView(out, show_thinking=False)
     stop = "error"
     try:
         for ev in agent.run(task):
@@ -192,13 +127,13 @@ def run_headless(agent: Agent, task: str, as_json: bool, stdout: IO[str], stderr
                 stdout.write(event_json(ev) + "\n")
                 stdout.flush()
             else:
-                r = _show(ev, r, out, show_thinking=False)
+                view.event(ev)
         if not as_json:
-            r.finish()
+            view.finish()
     except KeyboardInterrupt:
         agent.conv.interrupted()
         if as_json:
-            stdout.write(event_json(AgentEvent("done", stop="interrupted")) + "\n")
+            stdout.write(event_json(Event("done", stop="interrupted")) + "\n")
         stderr.write("ds4: interrupted\n")
         return EXIT_CODES["interrupted"]
     return EXIT_CODES.get(stop, EXIT_CODES["error"])
@@ -206,14 +141,13 @@ def run_headless(agent: Agent, task: str, as_json: bool, stdout: IO[str], stderr
 
 def pick_session(store: SessionStore, ask_text: Callable[[str], str] | None, out: Out) -> str | None:
     """The session to resume when --resume is given without an id: a numbered list of the
-    most recent ones, and the user's choice."""
-    infos = [i for i in store.list() if i.reason != "agent-system"][:15]
+    most recent ones (the same lines as /list), and the user's choice."""
+    infos = saved_sessions(store, out)[:15]
     if not infos:
         out.note(f"no saved sessions in {store.dir}", error=True)
         return None
     for n, i in enumerate(infos, 1):
-        out.line(f"  {n:>2}. {i.sha[:ID_CHARS]}  {session_kind(i.reason):<5}  {_ago(i.last_used):>9}  "
-                 f"{_k(i.tokens):>6} tok  {i.title}")
+        out.line(f"  {n:>2}. {session_line(i)}")
     if ask_text is None:
         return None
     answer = ask_text("Resume which session? [1]: ") or "1"
@@ -224,13 +158,14 @@ def pick_session(store: SessionStore, ask_text: Callable[[str], str] | None, out
 
 
 def resume(agent: Agent, store: SessionStore, sha_prefix: str, out: Out) -> bool:
+    """`ds4 agent --resume ID`: the same load as /switch, then the agent takes the session over."""
     try:
         sha = store.resolve(sha_prefix)
-        info = store.load(sha, agent.conv.session)
     except StoreError as e:
         out.note(str(e), error=True)
         return False
-    out.note(f"resumed {sha[:ID_CHARS]}: {info.title} ({_k(info.tokens)} tokens, no prefill needed)")
+    if load_session(store, sha, agent.conv, out) is None:
+        return False
     _take_over(agent, out)
     return True
 
@@ -242,5 +177,4 @@ def _take_over(agent: Agent, out: Out) -> None:
     if kind == "chat":
         n = len(agent.conv.transcript.tokens) - len(agent.conv.session.tokens)
         out.note(f"resumed a chat session in the agent: it continues under the agent's system prompt, so tools are "
-                 f"now available ({_k(n)} tokens to prefill on the next turn)")
-
+                 f"now available ({short_count(n)} tokens to prefill on the next turn)")

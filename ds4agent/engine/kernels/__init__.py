@@ -28,44 +28,11 @@ a one-line note. DS4_KERNEL_CHECK=0 skips the check.
 
 from __future__ import annotations
 
-import os
-from typing import Protocol
-
-import mlx.core as mx
-import numpy as np
-
+from ... import settings
 from ..weights import Weights
+from .interface import Kernels
 
 CHOICES = ("auto", "reference", "cpu", "cpu-exact", "metal", "cuda")
-
-
-class Kernels(Protocol):
-    name: str
-    xp: object  # the array namespace taken and returned: mx, or xp.NP for the CPU kernels
-
-    def linear(self, x: mx.array, name: str, rows: tuple[int, int] | None = None) -> mx.array: ...
-
-    def linears(self, x: mx.array, names: tuple[str, ...]) -> list[mx.array]: ...
-
-    def grouped(self, x: mx.array, name: str) -> mx.array: ...
-
-    def experts(self, layer: int, x: mx.array, sel: np.ndarray, weights: mx.array, clamp: float) -> mx.array: ...
-
-    def attend(self, q: mx.array, keys: mx.array, mask: np.ndarray, sinks: mx.array) -> mx.array: ...
-
-    def matmul(self, a: mx.array, b: mx.array) -> mx.array: ...
-
-    def queries(self, x: mx.array, cos: mx.array, sin: mx.array) -> mx.array: ...
-
-    def unrotate(self, o: mx.array, cos: mx.array, sin: mx.array) -> mx.array: ...
-
-    def kv_round(self, rows: mx.array, n_rot: int) -> mx.array: ...
-
-    def indexer_round(self, rows: mx.array) -> mx.array: ...
-
-    def hc_pre(self, X: mx.array, fn: str, scale: mx.array, base: mx.array) -> tuple[mx.array, mx.array, mx.array]: ...
-
-    def hc_post(self, y: mx.array, X: mx.array, post: mx.array, M: mx.array) -> mx.array: ...
 
 
 class KernelError(ValueError):
@@ -78,7 +45,7 @@ def select(backend: str, weights: Weights, requested: str | None = None) -> tupl
     reference with a note (the second value) when it cannot be used."""
     from .reference import ReferenceKernels
 
-    requested = requested or os.environ.get("DS4_KERNELS") or "auto"
+    requested = requested or settings.kernels_choice()
     if requested not in CHOICES:
         raise KernelError(f"unknown kernels {requested!r} (choose from {', '.join(CHOICES)})")
     if requested == "reference":
@@ -98,7 +65,7 @@ def select(backend: str, weights: Weights, requested: str | None = None) -> tupl
         if requested != "auto":
             raise KernelError(f"{want} kernels unavailable: {e}") from None
         return ReferenceKernels(weights), f"{want} kernels unavailable ({e}); using the MLX reference path"
-    if os.environ.get("DS4_KERNEL_CHECK", "1").strip() == "0":
+    if not settings.kernel_check_enabled():
         return kernels, None
     from .check import checked
 

@@ -80,7 +80,7 @@ class CheckReport:
 
 
 def operations() -> tuple[str, ...]:
-    from . import Kernels
+    from .interface import Kernels
 
     return tuple(n for n, v in vars(Kernels).items() if callable(v) and not n.startswith("_"))
 
@@ -119,7 +119,7 @@ def _compare(got: list[np.ndarray], want: list[np.ndarray]) -> tuple[str, float 
 def _probe_cases(w: Weights, seed: int = 0) -> dict[str, list[tuple[str, tuple]]]:
     """op -> [(label, args)], args in numpy (activations) and plain values, from the model's
     own tensors and dimensions. Small: a few tokens, one layer's tensors."""
-    from ..model import Rope
+    from ..ops import Rope
 
     cfg, f = w.cfg, w.file
     rng = np.random.default_rng(seed)

@@ -1795,7 +1795,7 @@ int ds4_attend(const float *q, int64_t H, int64_t T, int64_t D, const float *key
 
 /* -- hyper-connections ------------------------------------------------------------------ *
  * The residual stream is hc parallel copies; before each sublayer they are mixed into one
- * input and a Sinkhorn-balanced hc x hc comb, after it spread back (spec/model.md).
+ * input and a Sinkhorn-balanced hc x hc comb, after it spread back (docs/model.md).
  * In MLX ops these are some hundred tiny operations per layer, a fifth of a decode step on
  * the CPU; here they are a few microseconds. Same formulas as model.hc_pre / hc_post. */
 static inline float sigmoidf(float v) { return 1.0f / (1.0f + expf(-v)); }

@@ -18,12 +18,12 @@ of each call; OpenMP inside cpu.c uses every core.
 from __future__ import annotations
 
 import ctypes
-import os
 
 import mlx.core as mx
 import numpy as np
 from gguf.constants import GGMLQuantizationType as Q
 
+from ... import settings
 from ..qat import ceil_log2_table
 from ..quants import iq2xxs_tables
 from ..weights import Weights
@@ -67,9 +67,9 @@ def library() -> ctypes.CDLL:
         lib.ds4_set_iq2_tables(grid.ctypes.data, signs.ctypes.data)
         table = np.ascontiguousarray(ceil_log2_table(), dtype=np.int32)  # named: alive through the call
         lib.ds4_set_ceil_log2_table(table.ctypes.data)
-        if os.environ.get("DS4_THREADS", "").isdigit():
-            lib.ds4_set_threads(int(os.environ["DS4_THREADS"]))
-        if os.environ.get("DS4_AMX") == "0":  # the tiles off (comparisons; a kernel that refuses them)
+        if settings.cpu_threads():
+            lib.ds4_set_threads(settings.cpu_threads())
+        if settings.amx_disabled():  # the tiles off (comparisons; a kernel that refuses them)
             lib.ds4_set_amx(0)
         _lib = lib
     return _lib

@@ -19,6 +19,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ... import settings
+
 SOURCE = Path(__file__).with_name("cpu.c")
 # -ffp-contract=off: the dequantisers must not fuse multiply-adds, or they stop matching gguf
 # bit for bit; the dot products use explicit FMA intrinsics instead.
@@ -30,8 +32,7 @@ class BuildError(RuntimeError):
 
 
 def _cache_dir() -> Path:
-    home = os.environ.get("DS4_HOME")
-    return (Path(home) if home else Path.home() / ".ds4agent") / "kernels"
+    return settings.kernels_dir()
 
 
 def _cpu_identity() -> str:

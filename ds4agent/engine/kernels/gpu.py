@@ -34,7 +34,7 @@ import mlx.core as mx
 import numpy as np
 from gguf.constants import GGMLQuantizationType as Q
 
-from ..gguf import block_info
+from ...modelfile.gguf import block_info
 from ..quants import iq2xxs_tables
 from ..weights import Weights
 from .reference import ReferenceKernels, sink_softmax

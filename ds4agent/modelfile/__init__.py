@@ -1,0 +1,27 @@
+"""The model file: the GGUF reader, the model configuration and its validator, the tokenizer
+built from the file's vocabulary, the inspection report, and the demo-model generator.
+
+Names resolve lazily: a front end asking for one name does not load numpy or gguf for the rest.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
+
+_EXPORTS = {
+    "GGUFFile": "gguf", "GGUFError": "gguf",
+    "ModelConfig": "config", "ConfigError": "config",
+    "Tokenizer": "tokenizer",
+    "describe": "info", "ModelReport": "info",
+    "ensure_demo": "demo", "write_demo": "demo", "write_model": "demo", "shape_config": "demo",
+    "default_demo_path": "demo",
+}
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(f".{module}", __name__), name)

@@ -1,0 +1,99 @@
+"""Paths and settings: where ds4agent keeps its files, what the environment and config.toml say,
+and which model file to run. Imports nothing heavy (every layer may use it, including the
+session store and the front ends, without loading numpy, gguf or MLX).
+
+Environment: DS4_HOME (the home folder, default ~/.ds4agent), DS4_SESSIONS (the session
+store), DS4_MODEL (the model file), DS4_KERNELS (kernel implementation), DS4_KERNEL_CHECK=0
+(skip the GPU kernels' self-check), DS4_THREADS and DS4_AMX=0 (CPU kernel tuning).
+
+The configured default model (`model = "..."` in ~/.ds4agent/config.toml) is read here; which
+model file runs is decided in modelfile/choice.py.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import sys
+import tomllib
+from pathlib import Path
+
+
+def ds4_home() -> Path:
+    return Path(os.environ.get("DS4_HOME") or Path.home() / ".ds4agent")
+
+
+def sessions_dir() -> Path:
+    env = os.environ.get("DS4_SESSIONS")
+    return Path(env).expanduser() if env else ds4_home() / "sessions"
+
+
+def models_dir() -> Path:
+    """Where generated demo models are cached."""
+    return ds4_home() / "models"
+
+
+def kernels_dir() -> Path:
+    """Where the compiled CPU kernels are cached."""
+    return ds4_home() / "kernels"
+
+
+def chat_history_file() -> Path:
+    return ds4_home() / "chat_history"
+
+
+def kernels_choice() -> str:
+    """$DS4_KERNELS, or "auto"."""
+    return os.environ.get("DS4_KERNELS") or "auto"
+
+
+def kernel_check_enabled() -> bool:
+    return os.environ.get("DS4_KERNEL_CHECK", "1").strip() != "0"
+
+
+def cpu_threads() -> int | None:
+    value = os.environ.get("DS4_THREADS", "")
+    return int(value) if value.isdigit() else None
+
+
+def amx_disabled() -> bool:
+    return os.environ.get("DS4_AMX") == "0"
+
+
+class ModelChoiceError(ValueError):
+    """A model path the user named (flag, environment, config) that cannot be used; one line."""
+
+
+# The keys config.toml may hold. Anything else is most likely a typo, which would otherwise be
+# ignored without a word (a mistyped "model" silently runs the demo model).
+CONFIG_KEYS = ("model",)
+
+
+def config_path() -> Path:
+    return ds4_home() / "config.toml"
+
+
+def _warn_unknown_keys(cfg: Path, data: dict) -> None:
+    for key in data:
+        if key in CONFIG_KEYS:
+            continue
+        close = difflib.get_close_matches(key, CONFIG_KEYS, n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        print(f"ds4: warning: {cfg}: unknown key '{key}'{hint}; known keys: {', '.join(CONFIG_KEYS)}", file=sys.stderr)
+
+
+def configured_model() -> str | None:
+    cfg = config_path()
+    if not cfg.exists():
+        return None
+    try:
+        data = tomllib.loads(cfg.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        raise ModelChoiceError(f"{cfg}: cannot read configuration: {e}") from None
+    _warn_unknown_keys(cfg, data)
+    model = data.get("model")
+    if model is not None and not isinstance(model, str):
+        raise ModelChoiceError(f"{cfg}: 'model' must be a path string")
+    if model is not None and not model.strip():
+        raise ModelChoiceError(f"{cfg}: 'model' is empty; give a model path or remove the line")
+    return model
