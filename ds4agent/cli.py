@@ -199,7 +199,7 @@ def _fmt_gib(n: int) -> str:
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     from .modelfile import describe
-    from .modelfile.choice import resolve_model
+    from .modelfile import resolve_model
 
     path = resolve_model(args.model).path if args.model is None else Path(args.model)
     r = describe(path)
@@ -255,7 +255,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from .modelfile.demo import default_demo_path, shape_config, write_demo, write_model
+    from .modelfile import default_demo_path, shape_config, write_demo, write_model
 
     if args.preset == "shape" and not args.out:
         raise UsageError("the shape preset needs --out PATH (it is several GB)")
@@ -326,7 +326,7 @@ def _interactive(args: argparse.Namespace, choice, sampling) -> int:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    from .modelfile.choice import DEMO_BANNER, resolve_model
+    from .modelfile import DEMO_BANNER, resolve_model
 
     prompt = _read_prompt(args)
     if args.dump_tokens or args.dump_logprobs:
@@ -359,7 +359,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
 def cmd_agent(args: argparse.Namespace) -> int:
     from .conversation import Agent
     from .sessions import SessionStore
-    from .modelfile.choice import DEMO_BANNER, resolve_model
+    from .modelfile import DEMO_BANNER, resolve_model
     from .tools import Policy, Workspace
     from .ui.agent_ui import pick_session, resume, run_agent_tty, run_headless
     from .ui.chat import default_history_file, is_interactive
@@ -406,7 +406,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from .engine import bench as benchmark
-    from .modelfile.choice import resolve_model
+    from .modelfile import resolve_model
 
     if not 1 <= args.ctx_start <= args.ctx_max or args.gen_tokens < 1 or (args.step_mul or 2) <= 1 or args.step_incr < 1:
         raise UsageError("need 1 <= --ctx-start <= --ctx-max, --gen-tokens >= 1, --step-incr >= 1, --step-mul > 1")

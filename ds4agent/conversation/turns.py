@@ -21,8 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterator
 
 from ..engine import SamplingParams
-from ..protocol import StreamParser, Transcript
-from ..protocol.template import THINK_MAX_MIN_CTX, conversation_from_text
+from ..protocol import THINK_MAX_MIN_CTX, StreamParser, Transcript, conversation_from_text
 from .events import Event
 
 if TYPE_CHECKING:

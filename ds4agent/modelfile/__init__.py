@@ -16,6 +16,9 @@ _EXPORTS = {
     "describe": "info", "ModelReport": "info",
     "ensure_demo": "demo", "write_demo": "demo", "write_model": "demo", "shape_config": "demo",
     "default_demo_path": "demo",
+    "resolve_model": "choice", "ModelChoice": "choice", "DEMO_BANNER": "choice",
+    "BOS": "specials", "EOS": "specials", "USER": "specials", "ASSISTANT": "specials", "THINK_OPEN": "specials",
+    "THINK_CLOSE": "specials", "DSML": "specials",
 }
 __all__ = list(_EXPORTS)
 

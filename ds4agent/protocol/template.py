@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from ..modelfile.specials import ASSISTANT, BOS, DSML, EOS, THINK_CLOSE, THINK_OPEN, USER
+from ..modelfile import ASSISTANT, BOS, DSML, EOS, THINK_CLOSE, THINK_OPEN, USER
 
 LATEST_REMINDER = "<｜latest_reminder｜>"
 TASK_TOKENS = {name: f"<｜{name}｜>" for name in ("action", "query", "authority", "domain", "title", "read_url")}

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Sequence
 from .template import render
 
 if TYPE_CHECKING:
-    from ..modelfile.tokenizer import Tokenizer
+    from ..modelfile import Tokenizer
 
 # Stand-in for supplied text that contains control-token strings, while rendering. Private-use
 # code points: no tokenizer piece and no real text is expected to contain this pattern.

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING
 
 from ..engine import SamplingParams
-from ..modelfile.specials import BOS
+from ..modelfile import BOS
 from ..protocol import THINK_MAX_MIN_CTX, one_shot_prompt
 from .terminal import CYAN, GREY, RESET, Out
 
