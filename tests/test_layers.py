@@ -12,7 +12,7 @@ from pathlib import Path
 PKG = Path(__file__).resolve().parents[1] / "ds4agent"
 
 # Lower rank = lower layer. A module may import its own package and packages of lower rank.
-RANK = {"settings": 0, "modelfile": 1, "protocol": 2, "engine": 3, "sessions": 4, "tools": 4,
+RANK = {"settings": 0, "lazy": 0, "modelfile": 1, "protocol": 2, "engine": 3, "sessions": 4, "tools": 4,
         "conversation": 5, "ui": 6, "cli": 7, "__main__": 8}
 
 

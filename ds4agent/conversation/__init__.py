@@ -6,8 +6,7 @@ public names.
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import Any
+from .. import lazy
 
 _EXPORTS = {
     "Event": ".events", "event_json": ".events",
@@ -17,8 +16,4 @@ _EXPORTS = {
 __all__ = list(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(import_module(module, __name__), name)
+__getattr__ = lazy.exports(__name__, _EXPORTS)

@@ -10,8 +10,7 @@ from the layers below (the model file and the chat protocol) as the documented e
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import Any
+from .. import lazy
 
 # public name -> module that defines it (relative to this package, or absolute)
 _EXPORTS = {
@@ -24,8 +23,4 @@ _EXPORTS = {
 __all__ = list(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(import_module(module, __name__), name)
+__getattr__ = lazy.exports(__name__, _EXPORTS)

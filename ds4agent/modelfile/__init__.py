@@ -6,25 +6,20 @@ Names resolve lazily: a front end asking for one name does not load numpy or ggu
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import Any
+from .. import lazy
 
 _EXPORTS = {
-    "GGUFFile": "gguf", "GGUFError": "gguf",
-    "ModelConfig": "config", "ConfigError": "config",
-    "Tokenizer": "tokenizer",
-    "describe": "info", "ModelReport": "info",
-    "ensure_demo": "demo", "write_demo": "demo", "write_model": "demo", "shape_config": "demo",
-    "default_demo_path": "demo",
-    "resolve_model": "choice", "ModelChoice": "choice", "DEMO_BANNER": "choice",
-    "BOS": "specials", "EOS": "specials", "USER": "specials", "ASSISTANT": "specials", "THINK_OPEN": "specials",
-    "THINK_CLOSE": "specials", "DSML": "specials",
+    "GGUFFile": ".gguf", "GGUFError": ".gguf",
+    "ModelConfig": ".config", "ConfigError": ".config",
+    "Tokenizer": ".tokenizer",
+    "describe": ".info", "ModelReport": ".info",
+    "ensure_demo": ".demo", "write_demo": ".demo", "write_model": ".demo", "shape_config": ".demo",
+    "default_demo_path": ".demo",
+    "resolve_model": ".choice", "ModelChoice": ".choice", "DEMO_BANNER": ".choice",
+    "BOS": ".specials", "EOS": ".specials", "USER": ".specials", "ASSISTANT": ".specials", "THINK_OPEN": ".specials",
+    "THINK_CLOSE": ".specials", "DSML": ".specials",
 }
 __all__ = list(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(import_module(f".{module}", __name__), name)
+__getattr__ = lazy.exports(__name__, _EXPORTS)
