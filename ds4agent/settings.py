@@ -66,20 +66,60 @@ class ModelChoiceError(ValueError):
 
 # The keys config.toml may hold. Anything else is most likely a typo, which would otherwise be
 # ignored without a word (a mistyped "model" silently runs the demo model).
-CONFIG_KEYS = ("model",)
+# mcp_servers and git_commit are the agent's (tools/mcp.py, tools/undo.py).
+CONFIG_KEYS = ("model", "mcp_servers", "git_commit")
+# A workspace's own settings file, at its root: the agent's settings that belong to a project.
+WORKSPACE_CONFIG = ".ds4agent.toml"
+WORKSPACE_KEYS = ("mcp_servers", "git_commit")
+
+
+class SettingsError(ValueError):
+    """A settings file that cannot be read or holds a wrong value; one line."""
+
+
+def undo_dir() -> Path:
+    """The agent's change sets, per workspace (tools/undo.py)."""
+    return ds4_home() / "undo"
+
+
+def logs_dir() -> Path:
+    """Where MCP servers' stderr goes."""
+    return ds4_home() / "logs"
+
+
+def mcp_trust_file() -> Path:
+    """The workspaces' MCP servers the user allowed to start (tools/mcp.py)."""
+    return ds4_home() / "mcp_trusted.json"
+
+
+def user_instructions_dir() -> Path:
+    """Where the user-level AGENTS.md (or CLAUDE.md) lives: the home folder."""
+    return ds4_home()
+
+
+def read_settings(path: Path, known: tuple[str, ...]) -> dict:
+    """A TOML settings file ({} when there is none); unknown keys are warned about."""
+    if not path.is_file():
+        return {}
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        raise SettingsError(f"{path}: cannot read configuration: {e}") from None
+    _warn_unknown_keys(path, data, known)
+    return data
 
 
 def config_path() -> Path:
     return ds4_home() / "config.toml"
 
 
-def _warn_unknown_keys(cfg: Path, data: dict) -> None:
+def _warn_unknown_keys(cfg: Path, data: dict, known: tuple[str, ...] = CONFIG_KEYS) -> None:
     for key in data:
-        if key in CONFIG_KEYS:
+        if key in known:
             continue
-        close = difflib.get_close_matches(key, CONFIG_KEYS, n=1)
+        close = difflib.get_close_matches(key, known, n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else ""
-        print(f"ds4: warning: {cfg}: unknown key '{key}'{hint}; known keys: {', '.join(CONFIG_KEYS)}", file=sys.stderr)
+        print(f"ds4: warning: {cfg}: unknown key '{key}'{hint}; known keys: {', '.join(known)}", file=sys.stderr)
 
 
 def configured_model() -> str | None:

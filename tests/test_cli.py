@@ -170,8 +170,8 @@ def test_unknown_config_key_warns_with_a_close_match(demo_path: Path, capsys, mo
     try:
         assert configured_model() is None
         err = capsys.readouterr().err
-        assert f"ds4: warning: {cfg}: unknown key 'modle' (did you mean 'model'?); known keys: model" in err
-        assert "unknown key 'colour'; known keys: model" in err
+        assert f"ds4: warning: {cfg}: unknown key 'modle' (did you mean 'model'?); known keys: model, mcp_servers, git_commit" in err
+        assert "unknown key 'colour'; known keys: model, mcp_servers, git_commit" in err
         assert err.count("\n") == 2
         cfg.write_text(f'model = "{demo_path}"\n')
         assert configured_model() == str(demo_path) and capsys.readouterr().err == ""

@@ -9,12 +9,14 @@ results it adds.
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 from ..engine import SamplingParams
-from ..tools import Approver, Policy, ToolError, Workspace, all_tools, run_tool
+from ..tools import Approver, Policy, Tool, ToolError, Workspace, all_tools, run_tool
 from .events import Event
+from .instructions import Instructions
 from .turns import ContextError, Conversation
 
 if TYPE_CHECKING:
@@ -51,20 +53,15 @@ COMPACT_REQUEST = ("Summarise this conversation for your own future reference: t
                    "Be concrete and brief. Do not call tools.")
 
 
-def project_notes(root: Path) -> str:
-    """AGENTS.md (or CLAUDE.md) of the workspace, for the system prompt."""
-    for name in ("AGENTS.md", "CLAUDE.md"):
-        p = root / name
-        if p.is_file():
-            try:
-                return f"\n\nProject notes from {name}:\n" + p.read_text(encoding="utf-8", errors="replace")[:20000]
-            except OSError:
-                return ""
-    return ""
+def system_prompt(ws: Workspace, instructions: Instructions | None = None) -> str:
+    """The agent's system prompt, with the project instructions read at start (instructions.py)."""
+    if instructions is None:
+        instructions = Instructions(ws.root)
+    return SYSTEM_PROMPT.format(root=ws.root) + instructions.prompt()
 
 
-def system_prompt(ws: Workspace) -> str:
-    return SYSTEM_PROMPT.format(root=ws.root) + project_notes(ws.root)
+# Tools whose "path" argument says where the agent is working (for the instructions found there).
+_PATH_TOOLS = ("read", "write", "edit", "list", "search", "outline")
 
 
 def attach_mentions(text: str, ws: Workspace) -> tuple[str, list[str], list[str]]:
@@ -131,14 +128,23 @@ def _mention_text(p: Path, name: str) -> tuple[str | None, str]:
 
 class Agent:
     def __init__(self, engine: "Engine", ws: Workspace, policy: Policy, approve: Approver | None,
-                 sampling: SamplingParams = SamplingParams(), max_tokens: int = 8192, mode: str = "thinking") -> None:
+                 sampling: SamplingParams = SamplingParams(), max_tokens: int = 8192, mode: str = "thinking",
+                 extra_tools: Iterable[Tool] = (), instructions: Instructions | None = None) -> None:
         self.ws = ws
         self.policy = policy
         self.approve = approve
         self.tools = all_tools()
+        for t in extra_tools:  # MCP servers' tools, beside the built-in ones
+            self.tools.setdefault(t.name, t)
+        self.instructions = instructions if instructions is not None else Instructions(ws.root)
         self._refusals = 0  # actions refused by the policy during the current run
-        self.conv = Conversation(engine, mode=mode, system=system_prompt(ws), sampling=sampling,
+        self.conv = Conversation(engine, mode=mode, system=system_prompt(ws, self.instructions), sampling=sampling,
                                  max_tokens=max_tokens, tools=[t.schema() for t in self.tools.values()])
+        # The current run's token counts (headless stream-json's usage) and its change set
+        # (the workspace journal's step, for /undo and commits); see run().
+        self.usage = {"input_tokens": 0, "cache_read_input_tokens": 0, "output_tokens": 0, "turns": 0,
+                      "model_seconds": 0.0}
+        self.last_step = None
         self.conv.stop = ws.stop  # one flag: stopping the agent also kills a running shell command
         self._last_call: tuple[str, str] | None = None
         self._dsml_error: str | None = None
@@ -151,11 +157,18 @@ class Agent:
         the run ended (STOP_REASONS) and whose text explains any stop but end_turn."""
         self._refusals = 0
         self.conv.stop.clear()  # a stop asked for before this request is not meant for it
+        self.usage = dict.fromkeys(self.usage, 0)
+        self.usage["model_seconds"] = 0.0
+        journal = self.ws.journal
+        if journal is not None:
+            journal.begin(text)  # the files this request changes form one step for /undo
         try:
             stop = yield from self._steps(text)
         except ContextError as e:  # the request, or a step's tool results, cannot fit the context
             yield Event("error", str(e), ok=False)
             stop = "context"
+        finally:
+            self.last_step = journal.end() if journal is not None else None
         if stop == "end_turn" and self._refusals and self.approve is None:
             stop = "refused"
         yield Event("done", self._stop_text(stop), stop=stop)
@@ -210,7 +223,7 @@ class Agent:
                     yield Event("interrupted", "interrupted")
                     return "interrupted"
                 fn = call["function"]
-                result = yield from self._run_call(fn["name"], fn["arguments"])
+                result = yield from self._run_call(fn["name"], fn["arguments"], n)
                 messages.append({"role": "tool", "tool_call_id": call.get("id") or "", "content": result})
         yield Event("error", f"stopped after {MAX_STEPS} tool steps without a final answer", ok=False)
         return "error"
@@ -234,6 +247,7 @@ class Agent:
         """Stream one model answer (the conversation's events pass straight up, but its "done",
         which ends a turn and not the run); returns the turn's finish reason."""
         finish = ""
+        started = time.perf_counter()
         for ev in self.conv.turn_with(*messages):
             if ev.kind == "done":
                 finish = ev.finish
@@ -242,24 +256,54 @@ class Agent:
                 yield Event("error", f"malformed tool call: {ev.text}", ok=False)
             elif ev.kind != "call":  # a parsed call is run, and shown, as a "tool" event
                 yield ev
+        if finish != "withdrawn":  # a withdrawn turn left nothing in the conversation
+            st = self.conv.stats
+            usage = {"input_tokens": st.prefill_tokens, "cache_read_input_tokens": max(0, st.prompt_tokens - st.prefill_tokens),
+                     "output_tokens": st.gen_tokens}
+            for k, v in usage.items():
+                self.usage[k] += v
+            self.usage["turns"] += 1
+            self.usage["model_seconds"] += time.perf_counter() - started
+            yield Event("turn", data={"message": self.conv.messages[-1], "finish": finish, "usage": usage})
         return finish
 
-    def _run_call(self, name: str, arguments: str) -> Iterator[Event]:
+    def _run_call(self, name: str, arguments: str, index: int = 0) -> Iterator[Event]:
         """Run one call (generator returning the result text for the model)."""
         key = (name, arguments)
+        data = {"name": name, "input": _arguments(arguments), "index": index}
         if key == self._last_call:
             text = ("error: you just made this exact call and got its result; do not repeat it. "
                     "Use the result you have, change the arguments, or answer.")
-            yield Event("refused", f"repeated call to {name} not run", ok=False)
+            yield Event("refused", f"repeated call to {name} not run", ok=False, data={**data, "result": text})
             return text
         self._last_call = key
         result, decision = run_tool(self.tools, name, arguments, self.ws, self.policy, self.approve)
+        text = result.text
+        found = self._instructions_for(name, data["input"]) if decision != "refused" else []
+        if found:
+            text += Instructions.as_result(found)
+        data.update(result=text, output=result.output)
         if decision == "refused":
             self._refusals += 1
-            yield Event("refused", result.summary, ok=False)
+            yield Event("refused", result.summary, ok=False, data=data)
         else:
-            yield Event("tool", result.summary, detail=result.detail, ok=result.ok)
-        return result.text
+            yield Event("tool", result.summary, detail=result.detail, ok=result.ok, data=data)
+        for f in found:
+            yield Event("note", f"read the project instructions in {f.shown()}")
+        return text
+
+    def _instructions_for(self, name: str, args: object) -> list:
+        """Instruction files of the directories a tool call worked in, not read before."""
+        if name not in _PATH_TOOLS or not isinstance(args, dict):
+            return []
+        path = args.get("path") if isinstance(args.get("path"), str) else "."
+        try:
+            p = self.ws.resolve(path or ".")
+        except ToolError:
+            return []
+        if self.ws.escapes(p) is not None:
+            return []  # only the workspace's own directories
+        return self.instructions.for_path(p)
 
     # -- context management ---------------------------------------------------------------
     def _near_full(self) -> bool:
@@ -370,8 +414,20 @@ class Agent:
         if conv.tools:
             return "agent"
         messages = [m for m in conv.messages if m["role"] != "system"]
-        conv.system, conv.tools = system_prompt(self.ws), [t.schema() for t in self.tools.values()]
+        conv.system, conv.tools = system_prompt(self.ws, self.instructions), [t.schema() for t in self.tools.values()]
         self.new_conversation()
         conv.transcript.append(*messages)
         conv.dirty = True  # the saved file is the chat's; this is a new agent conversation
         return "chat"
+
+
+def _arguments(arguments: str | dict) -> object:
+    """A call's arguments as the model wrote them, decoded when they are JSON (for the events)."""
+    if not isinstance(arguments, str):
+        return arguments
+    import json
+
+    try:
+        return json.loads(arguments)
+    except (ValueError, RecursionError):
+        return arguments

@@ -18,7 +18,7 @@ class Event:
       agent runs add: tool (a call ran: text is its one-line summary, detail a diff or output,
       ok its outcome) | refused (a call not run) | attached (an @file) | note (a line to show) |
       compacted (text: the summary) | compact_failed | interrupted (text: the turn's finish) |
-      error.
+      turn (one model turn ended: see ``data``) | error.
     """
 
     kind: str
@@ -33,6 +33,11 @@ class Event:
     finish: str = ""
     # On an agent run's "done": one of agent.STOP_REASONS (text explains any but end_turn).
     stop: str = ""
+    # Structured extras for front ends that need more than the text (headless stream-json):
+    # on "tool"/"refused": name, input (the arguments), result (what the model was given),
+    # index (the call's place in its turn), output (a command's whole output); on "turn" (the
+    # end of one model turn): message (the assistant message), finish, usage.
+    data: dict | None = None
 
 
 def event_json(ev: Event) -> str:

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 @dataclass
 class Stats:
+    prompt_tokens: int = 0  # the last turn's prompt: the transcript before its answer
     prefill_tokens: int = 0
     prefill_tps: float = 0.0
     gen_tokens: int = 0
@@ -140,6 +141,7 @@ class Conversation:
             new.insert(0, {"role": "system", "content": self.system, **({"tools": self.tools} if self.tools else {})})
         t.append(*new)
         self.dirty = True
+        self.stats.prompt_tokens = len(t.tokens)
         if len(t.tokens) + 1 >= self.ctx:
             self._rollback()
             raise ContextError(f"the conversation ({len(t.tokens)} tokens) does not fit the context of {self.ctx}; "

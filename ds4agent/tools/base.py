@@ -25,6 +25,7 @@ class ToolResult:
     ok: bool = True
     detail: str = ""
     blocked: str = ""  # shell commands: why the sandbox probably stopped it ("" when it did not)
+    output: str = ""  # what a command (or an MCP tool) printed, whole, for the user to expand
 
 
 class ToolError(Exception):
@@ -37,7 +38,12 @@ class Tool:
     description: str
     parameters: dict
     run: Callable[..., ToolResult]
-    kind: str = "read"  # read | edit | shell: what approval it needs
+    kind: str = "read"  # read | edit | shell | mcp: what approval it needs
+    # What the call would do, shown before the user approves it (edits: the diff, a new file:
+    # its head and size). Raises ToolError when the call cannot succeed (no question is asked).
+    preview: Callable[["Workspace", dict], str] | None = None
+    # Arguments checked against ``parameters`` here (built-in tools); an MCP server checks its own.
+    strict: bool = True
 
     def schema(self) -> dict:
         return {"type": "function", "function": {"name": self.name, "description": self.description,
@@ -64,6 +70,8 @@ class Workspace:
     # Set when the user stops the agent (the conversation's stop flag): a running shell
     # command is then killed instead of running on to its time limit.
     stop: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
+    # Records what the file tools change, step by step, for /undo (tools/undo.py); None: not kept.
+    journal: Any = field(default=None, repr=False, compare=False)
 
     @classmethod
     def discover(cls, cwd: str | os.PathLike[str] | None = None) -> "Workspace":

@@ -69,31 +69,70 @@ def _diff(ws: Workspace, p: Path, old: str, new: str) -> str:
     return "".join(difflib.unified_diff(old.splitlines(True), new.splitlines(True), f"a/{rel}", f"b/{rel}", n=2))
 
 
-def _write_text(p: Path, text: str) -> None:
+def _write_text(ws: Workspace, p: Path, text: str) -> None:
+    """Write ``p`` atomically (keeping its mode); the workspace's journal, when it keeps one,
+    records the file's content before and after, for /undo."""
+    journal = ws.journal
+    if journal is not None:
+        journal.before_write(p)  # before anything is created: the directories made count too
     p.parent.mkdir(parents=True, exist_ok=True)
     tmp = p.with_name(f".{p.name}.ds4tmp")
     tmp.write_text(text, encoding="utf-8")
     if p.exists():
         os.chmod(tmp, p.stat().st_mode & 0o7777)
     os.replace(tmp, p)
+    if journal is not None:
+        journal.after_write(p)
 
 
-def write(ws: Workspace, args: dict) -> ToolResult:
+def _lines(text: str) -> int:
+    return text.count("\n") + (0 if text.endswith("\n") or not text else 1)
+
+
+def _plan_write(ws: Workspace, args: dict) -> tuple[Path, str | None, str]:
+    """The file, its text now (None: it does not exist) and its text after the write."""
     p = ws.resolve(arg(args, "path", str, required=True))
     content = arg(args, "content", str, required=True)
     if p.is_dir():
         raise ToolError(f"{ws.rel(p)}: is a directory")
-    old = p.read_text(encoding="utf-8", errors="replace") if p.exists() else ""
-    _write_text(p, content)
+    if p.exists() and not p.is_file():
+        raise ToolError(f"{ws.rel(p)}: not a regular file; not written")
+    old = p.read_text(encoding="utf-8", errors="replace") if p.exists() else None
+    return p, old, content
+
+
+PREVIEW_HEAD = 20  # lines of a new file shown before approving it
+
+
+def new_file_preview(rel: str, content: str) -> str:
+    """A file about to be created: its size and first lines (a diff of a new file is all '+')."""
+    lines = content.splitlines()
+    head = "\n".join(lines[:PREVIEW_HEAD])
+    more = f"\n… {len(lines) - PREVIEW_HEAD} more lines" if len(lines) > PREVIEW_HEAD else ""
+    size = len(content.encode("utf-8"))
+    return f"new file {rel}: {_lines(content)} lines, {size} bytes\n{head}{more}".rstrip("\n")
+
+
+def preview_write(ws: Workspace, args: dict) -> str:
+    p, old, content = _plan_write(ws, args)
+    if old is None:
+        return new_file_preview(ws.rel(p), content)
+    return _diff(ws, p, old, content) or f"{ws.rel(p)}: unchanged (the new content is the same)"
+
+
+def write(ws: Workspace, args: dict) -> ToolResult:
+    p, old, content = _plan_write(ws, args)
+    _write_text(ws, p, content)
     ws.remember(p, content)
-    n = content.count("\n") + (0 if content.endswith("\n") or not content else 1)
+    n = _lines(content)
     verb = "rewrote" if old else "created"
-    return ToolResult(f"{verb} {ws.rel(p)} ({n} lines)", f"write {ws.rel(p)} ({n} lines)", detail=_diff(ws, p, old, content))
+    return ToolResult(f"{verb} {ws.rel(p)} ({n} lines)", f"write {ws.rel(p)} ({n} lines)",
+                      detail=_diff(ws, p, old or "", content))
 
 
-def edit(ws: Workspace, args: dict) -> ToolResult:
-    """Either replace ``old`` (which must occur exactly once) by ``new``, or replace lines
-    ``start``..``end`` by ``new`` — the latter only on a file unchanged since the model read it."""
+def _plan_edit(ws: Workspace, args: dict) -> tuple[Path, str, str]:
+    """The file, its text now and its text after the edit (raises ToolError when the edit
+    cannot apply)."""
     p = ws.resolve(arg(args, "path", str, required=True))
     new = arg(args, "new", str, required=True)
     old_text = arg(args, "old", str)
@@ -123,7 +162,19 @@ def edit(ws: Workspace, args: dict) -> ToolResult:
         updated = "".join(lines[: start - 1]) + replacement + "".join(lines[end:])
     else:
         raise ToolError("give either 'old' (text to replace) or 'start' (and 'end') line numbers")
-    _write_text(p, updated)
+    return p, text, updated
+
+
+def preview_edit(ws: Workspace, args: dict) -> str:
+    p, text, updated = _plan_edit(ws, args)
+    return _diff(ws, p, text, updated) or f"{ws.rel(p)}: unchanged (the replacement is the same text)"
+
+
+def edit(ws: Workspace, args: dict) -> ToolResult:
+    """Either replace ``old`` (which must occur exactly once) by ``new``, or replace lines
+    ``start``..``end`` by ``new`` — the latter only on a file unchanged since the model read it."""
+    p, text, updated = _plan_edit(ws, args)
+    _write_text(ws, p, updated)
     ws.remember(p, updated)
     diff = _diff(ws, p, text, updated)
     added = sum(1 for ln in diff.splitlines() if ln.startswith("+") and not ln.startswith("+++"))
@@ -171,7 +222,7 @@ TOOLS = [
           "required": ["path"]}, read),
     Tool("write", "Create a file or replace its whole content.",
          {"type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
-          "required": ["path", "content"]}, write, kind="edit"),
+          "required": ["path", "content"]}, write, kind="edit", preview=preview_write),
     Tool("edit", "Change part of a file: replace the unique text 'old' by 'new', or replace lines start..end "
          "(as numbered by your last read of the unchanged file) by 'new'.",
          {"type": "object", "properties": {
@@ -179,7 +230,7 @@ TOOLS = [
              "new": {"type": "string", "description": "replacement text"},
              "start": {"type": "integer", "minimum": 1, "description": "first line to replace"},
              "end": {"type": "integer", "minimum": 1, "description": "last line to replace (default: start)"}},
-          "required": ["path", "new"]}, edit, kind="edit"),
+          "required": ["path", "new"]}, edit, kind="edit", preview=preview_edit),
     Tool("list", "List a directory of the workspace (files ignored by git are left out).",
          {"type": "object", "properties": {"path": {"type": "string", "description": "directory (default: the root)"}}},
          list_dir),

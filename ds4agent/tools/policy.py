@@ -55,9 +55,14 @@ class Request:
     tool: str
     summary: str  # what will happen, in one line
     reason: str  # why it needs approval
-    kind: str  # edit | shell | escape | unknown | dangerous | unsandboxed
+    kind: str  # edit | shell | escape | unknown | dangerous | unsandboxed | mcp
     scope: str | None = None  # what an "always" answer would cover, in words; None: "always" is not offered
     grants: tuple = ()  # what an "always" adds to Policy.always
+    # Shown before the question: where a command runs, where a path really leads, ...
+    details: tuple[str, ...] = ()
+    # What the call would do (run_tool fills it from Tool.preview): an edit's diff, a new
+    # file's head and size, an MCP call's arguments. What the user approves is what runs.
+    preview: str = ""
 
 
 Approver = Callable[[Request], str]  # returns "yes", "no" or "always"
@@ -153,6 +158,8 @@ class Policy:
         """The approval this call needs, or None when it may run."""
         if tool.kind == "shell":
             return self._shell_request(tool, str(args.get("command", "")), ws)
+        if tool.kind == "mcp":
+            return self._mcp_request(tool)
         path = args.get("path")
         writes = tool.kind == "edit"
         if isinstance(path, str) and path.strip() and self.mode != "yolo":
@@ -165,7 +172,8 @@ class Policy:
                 if not any(_granted(g, grant) for g in self.always):
                     verb = "writes" if writes else "reads"
                     return Request(tool.name, f"{tool.name} {path}", f"path is {escape}", "escape",
-                                   scope=f"{verb} of files under {where}", grants=(grant,))
+                                   scope=f"{verb} of files under {where}", grants=(grant,),
+                                   details=(f"{path} resolves to {real}",))
         if writes and self.mode != "yolo" and ("edit",) not in self.always:
             if self.mode == "ask":
                 return Request(tool.name, f"{tool.name} {path}", "changes a file", "edit",
@@ -175,16 +183,28 @@ class Policy:
                                scope="file edits inside the workspace", grants=(("edit",),))
         return None
 
+    def _mcp_request(self, tool: Tool) -> Request | None:
+        """A tool of an MCP server can do anything its server can: it asks outside yolo (also
+        in auto-edit), unless an "always" for this one tool was given."""
+        if self.mode == "yolo" or ("mcp", tool.name) in self.always:
+            return None
+        server = tool.name.split("__")[1] if tool.name.count("__") >= 2 else "?"
+        return Request(tool.name, f"{tool.name}", f"calls a tool of the MCP server '{server}'", "mcp",
+                       scope=f"calls to the MCP tool {tool.name}", grants=(("mcp", tool.name),))
+
     def _shell_request(self, tool: Tool, command: str, ws: Workspace) -> Request | None:
         a = self.analyze(command, ws)
         summary = f"$ {command}"
+        # Where it runs and how it is confined: said with every question about a command.
+        where = (f"in {ws.root}", f"sandbox: {self.describe()}")
         if a.level >= DANGEROUS:
-            return Request(tool.name, summary, f"dangerous command ({'; '.join(a.reasons(DANGEROUS)[:3])})", "dangerous")
+            return Request(tool.name, summary, f"dangerous command ({'; '.join(a.reasons(DANGEROUS)[:3])})", "dangerous",
+                           details=where)
         if self.mode == "yolo":
             return None
         if a.level >= UNKNOWN:
             return Request(tool.name, summary, f"cannot be checked before it runs ({'; '.join(a.reasons(UNKNOWN)[:3])})",
-                           "unknown")
+                           "unknown", details=where)
         auto = self.mode == "auto-edit" and self.confined()
         rules = [g[1:] for g in self.always if g and g[0] == "shell"]
         # Inert parts (cd, echo, set -e ...) never need an approval of their own next to real
@@ -213,7 +233,7 @@ class Policy:
             uniq = list(dict.fromkeys(prefixes))
             scope = "commands starting with " + ", ".join(f"`{_shell_words(p)}`" for p in uniq)
             grants = tuple(("shell", *p) for p in uniq)
-        return Request(tool.name, summary, why, "shell", scope=scope, grants=grants)
+        return Request(tool.name, summary, why, "shell", scope=scope, grants=grants, details=where)
 
     def grant(self, req: Request) -> None:
         if req.kind in ("dangerous", "unknown", "unsandboxed") or req.scope is None:
@@ -228,6 +248,8 @@ class Policy:
                 out.append(f"shell: {_shell_words(g[1:])}")
             elif g[0] == "edit":
                 out.append("file edits inside the workspace")
+            elif g[0] == "mcp":
+                out.append(f"MCP tool {g[1]}")
             else:
                 out.append(f"{g[0]}s under {g[1]}")
         return out
@@ -283,10 +305,13 @@ def run_tool(tools: dict[str, Tool], name: str, arguments: str | dict, ws: Works
             why = str(e) if isinstance(e, ValueError) else "nested too deeply"
             return ToolResult(f"error: arguments are not valid JSON ({why[:200]})", f"{name}: bad arguments",
                               ok=False), "error"
-    # Arguments are checked against the schema before anyone is asked to approve the call.
+    # Arguments are checked against the schema before anyone is asked to approve the call, and
+    # what the call would do is worked out first: a call that cannot succeed asks nothing.
     try:
-        args = check_arguments(tool, arguments)
+        args = check_arguments(tool, arguments) if tool.strict else loose_arguments(arguments)
         req = policy.request(tool, args, ws)
+        if req is not None and approve is not None:  # (with no one to ask, it is refused anyway)
+            req.preview = _preview(tool, ws, args)
     except ToolError as e:
         return _error(name, str(e)), "error"
     except Exception as e:  # noqa: BLE001 - a bug of ours must not end the agent; the model hears of it
@@ -301,6 +326,15 @@ def run_tool(tools: dict[str, Tool], name: str, arguments: str | dict, ws: Works
             return ToolResult(f"error: not run: {req.reason}; {how}. Choose another way or ask the user.",
                               f"refused: {req.summary} ({req.reason})", ok=False), "refused"
         decision = "always" if answer == "always" and req.scope else "approved"
+        # The approval was for the change shown; if the file changed while the user looked at
+        # it (an editor saved it), that is no longer the change that would be made.
+        try:
+            now = _preview(tool, ws, args)
+        except ToolError as e:
+            now = f"error: {e}"
+        if tool.preview is not None and now != req.preview:
+            return _error(name, "the file changed while the user was being asked, so the approved change is not the "
+                                "one that would be made; not run. Read the file again."), "error"
     try:
         if tool.kind == "shell":
             result = _run_shell(tool, ws, args, policy, approve)
@@ -313,7 +347,46 @@ def run_tool(tools: dict[str, Tool], name: str, arguments: str | dict, ws: Works
     except Exception as e:  # noqa: BLE001 - last resort, see above
         return _unexpected(name, e), decision
     # File names the OS could not decode arrive as surrogate escapes: the transcript needs text.
-    return ToolResult(clean_text(result.text), clean_text(result.summary), result.ok, clean_text(result.detail)), decision
+    return ToolResult(clean_text(result.text), clean_text(result.summary), result.ok, clean_text(result.detail),
+                      output=clean_text(result.output)), decision
+
+
+PREVIEW_ARGS = 4000  # characters of an MCP call's arguments shown before approving it
+
+
+def _preview(tool: Tool, ws: Workspace, args: dict) -> str:
+    if tool.preview is not None:
+        return tool.preview(ws, args)
+    if tool.kind == "mcp":
+        text = json.dumps(args, ensure_ascii=False, indent=2)
+        return text if len(text) <= PREVIEW_ARGS else text[:PREVIEW_ARGS] + f"\n… ({len(text)} characters in all)"
+    return ""
+
+
+def loose_arguments(args: object) -> dict:
+    """For tools whose server checks its own arguments (MCP): an object whose strings are text."""
+    from .base import text_problem
+
+    if not isinstance(args, dict):
+        raise ToolError(f"arguments must be a JSON object, got {type(args).__name__}")
+
+    def walk(v: object, where: str) -> None:
+        if isinstance(v, str):
+            problem = text_problem(v)
+            if problem:
+                raise ToolError(f"argument {where} {problem}")
+        elif isinstance(v, dict):
+            for k, x in v.items():
+                walk(k, where)
+                walk(x, f"{where}.{k}" if isinstance(k, str) else where)
+        elif isinstance(v, list):
+            for i, x in enumerate(v):
+                walk(x, f"{where}[{i}]")
+
+    for k, v in args.items():
+        walk(k, repr(k)[:40])
+        walk(v, f"'{k}'")
+    return {k: v for k, v in args.items() if v is not None}
 
 
 def _run_shell(tool: Tool, ws: Workspace, args: dict, policy: Policy, approve: Approver | None) -> ToolResult:
@@ -327,7 +400,7 @@ def _run_shell(tool: Tool, ws: Workspace, args: dict, policy: Policy, approve: A
     if not result.blocked:
         return result
     req = Request(tool.name, f"$ {command}", f"the sandbox stopped it: {result.blocked}. Run it again outside the "
-                  "sandbox, this once", "unsandboxed")
+                  "sandbox, this once", "unsandboxed", details=(f"in {ws.root}", "sandbox: none for this run"))
     answer = approve(req) if approve is not None else "no"
     if answer in ("yes", "always"):
         again = tool.run(ws, args)

@@ -51,6 +51,19 @@ def cap_output(text: str, spill_name: str) -> str:
     return "\n".join(lines[:HEAD_LINES] + [f"[… {cut} lines omitted; full output in {spill} …]"] + lines[-TAIL_LINES:])
 
 
+USER_OUTPUT = 1 << 20  # characters of a command's output kept for the user to expand
+
+
+def user_output(text: str) -> str:
+    """A command's output as kept for the user (the terminal shows its last lines and expands
+    it on request): whole up to USER_OUTPUT characters, else its end, saying where the rest is."""
+    if len(text) <= USER_OUTPUT:
+        return text
+    spill = _spill_dir() / f"user-{time.monotonic_ns()}.log"
+    spill.write_text(text, encoding="utf-8")
+    return f"[the first {len(text) - USER_OUTPUT} characters are left out here; full output in {spill}]\n" + text[-USER_OUTPUT:]
+
+
 def _kill(proc: subprocess.Popen) -> None:
     try:
         os.killpg(proc.pid, signal.SIGTERM)
@@ -167,7 +180,7 @@ def bash(ws: Workspace, args: dict, jobs: Jobs = JOBS, sandbox=None) -> ToolResu
 
         blocked = denial(text, code, sandbox[1])
     summary = f"$ {command}  ({status}{'; stopped by the sandbox' if blocked else ''})"
-    return ToolResult(result, summary, ok=ok, blocked=blocked)
+    return ToolResult(result, summary, ok=ok, blocked=blocked, output=user_output(text))
 
 
 def job(ws: Workspace, args: dict, jobs: Jobs = JOBS) -> ToolResult:
