@@ -20,7 +20,10 @@ def test_greedy_takes_first_maximum() -> None:
 
 def test_seed_reproduces_and_differs() -> None:
     logits = np.random.default_rng(0).normal(0, 2, 1000).astype(np.float32)
-    draw = lambda seed: [Sampler(SamplingParams(seed=seed, min_p=0.0))(logits) for _ in range(1)]  # noqa: E731
+    def draw(seed: int) -> list[int]:
+        s = Sampler(SamplingParams(seed=seed, min_p=0.0))
+        return [s(logits) for _ in range(50)]
+
     s1 = Sampler(SamplingParams(seed=42, min_p=0.0))
     s2 = Sampler(SamplingParams(seed=42, min_p=0.0))
     a = [s1(logits) for _ in range(50)]
@@ -28,6 +31,18 @@ def test_seed_reproduces_and_differs() -> None:
     s3 = Sampler(SamplingParams(seed=43, min_p=0.0))
     assert a != [s3(logits) for _ in range(50)]
     assert draw(1) == draw(1)
+    # 50 draws from ~1000 likely tokens: a sampler that ignored the generator (or re-seeded
+    # every call) would repeat one token; one that ignored the seed would give seed 1 == seed 2.
+    assert len(set(draw(1))) > 30 and draw(1) != draw(2)
+    # The generator itself is pinned: xorshift64* from seed 42 (computed by hand with Python ints).
+    x, want = 42, []
+    for _ in range(3):
+        x ^= x >> 12
+        x ^= (x << 25) & (2**64 - 1)
+        x ^= x >> 27
+        want.append((((x * 0x2545F4914F6CDD1D) & (2**64 - 1)) >> 40) / 2**24)
+    r = Rng(42)
+    assert [r.uniform() for _ in range(3)] == want
 
 
 def test_rng_zero_seed_and_range() -> None:
@@ -64,6 +79,34 @@ def test_distribution_follows_softmax() -> None:
     s = Sampler(SamplingParams(min_p=0.0, seed=11))
     counts = np.bincount([s(logits) for _ in range(20000)], minlength=3) / 20000
     assert np.allclose(counts, [0.6, 0.3, 0.1], atol=0.02)
+
+
+def test_min_p_is_relative_to_the_top_token_not_the_total_mass() -> None:
+    # Top probability 0.3: min_p=0.4 keeps every token of at least 0.12 (ids 0-3); measured
+    # against the total mass (1.0) it would keep only the top token.
+    logits = np.log(np.array([0.3, 0.25, 0.2, 0.15, 0.1])).astype(np.float32)
+    s = Sampler(SamplingParams(min_p=0.4, seed=4))
+    assert {s(logits) for _ in range(3000)} == {0, 1, 2, 3}
+
+
+@pytest.mark.parametrize("temperature", [0.5, 2.0])
+def test_distribution_follows_the_tempered_softmax(temperature: float) -> None:
+    # p_i ** (1/T), normalised: temperature applied once (twice would give T**2 here).
+    base = np.array([0.6, 0.3, 0.1])
+    logits = np.log(base).astype(np.float32)
+    want = base ** (1 / temperature) / (base ** (1 / temperature)).sum()
+    s = Sampler(SamplingParams(min_p=0.0, temperature=temperature, seed=12))
+    counts = np.bincount([s(logits) for _ in range(20000)], minlength=3) / 20000
+    assert np.allclose(counts, want, atol=0.015), (counts, want)
+
+
+def test_top_p_with_top_k_and_ties() -> None:
+    # top_k=3 then top_p=0.5 over the kept three: the first token alone (0.4/0.8 = 0.5) reaches it.
+    logits = np.log(np.array([0.1, 0.4, 0.2, 0.2, 0.1])).astype(np.float32)
+    s = Sampler(SamplingParams(top_k=3, top_p=0.5, min_p=0.0, seed=2))
+    assert {s(logits) for _ in range(1000)} == {1}
+    s = Sampler(SamplingParams(top_k=3, top_p=0.6, min_p=0.0, seed=2))
+    assert {s(logits) for _ in range(1000)} == {1, 2}  # the stable sort keeps id 2 before id 3
 
 
 @pytest.mark.parametrize("kw", [dict(temperature=-1), dict(top_p=0), dict(top_p=1.5), dict(min_p=2), dict(top_k=-1)])

@@ -97,7 +97,11 @@ def test_line_edit_guarded_by_what_was_read(ws) -> None:
     assert not r.ok and "read the file before" in r.text
     call(ws, "read", path="src/app.py")
     r, _ = call(ws, "edit", path="src/app.py", start=4, end=5, new="def main():\n    return 2")
-    assert r.ok and "return 2" in p.read_text()
+    # The whole file: lines 4-5 replaced, nothing before or after them lost or kept twice.
+    assert r.ok and p.read_text() == ("import os\n\n\ndef main():\n    return 2\n\n\nclass App:\n"
+                                      "    def run(self):\n        pass\n")
+    r, _ = call(ws, "edit", path="src/app.py", start=8, new="class Main:")  # one line, end defaults to start
+    assert r.ok and p.read_text().splitlines()[6:9] == ["", "class Main:", "    def run(self):"]
     time.sleep(0.01)
     p.write_text(p.read_text() + "# changed behind the model's back\n")
     r, _ = call(ws, "edit", path="src/app.py", start=1, new="import sys")
@@ -105,6 +109,20 @@ def test_line_edit_guarded_by_what_was_read(ws) -> None:
     call(ws, "read", path="src/app.py")
     r, _ = call(ws, "edit", path="src/app.py", start=99, new="x")
     assert not r.ok and "outside 1-" in r.text
+
+
+def test_line_edit_refuses_a_change_that_kept_mtime_and_size(ws) -> None:
+    # Same length, same mtime (restored, as some editors and 'git checkout' can leave it):
+    # only the remembered text shows the file is not what the model numbered.
+    p = ws.root / "src" / "app.py"
+    call(ws, "read", path="src/app.py")
+    st = p.stat()
+    p.write_text(p.read_text().replace("return 1", "return 9"))
+    os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (p.stat().st_mtime_ns, p.stat().st_size) == (st.st_mtime_ns, st.st_size)
+    r, _ = call(ws, "edit", path="src/app.py", start=5, new="    return 2")
+    assert not r.ok and "changed since you last read it" in r.text
+    assert "return 9" in p.read_text()
 
 
 # -- search / list / outline --------------------------------------------------------------------
