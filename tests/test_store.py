@@ -184,24 +184,50 @@ def test_renamed_file(saved) -> None:
     assert listed == [good] and any("does not match" in p for p in store.problems)
 
 
-@pytest.mark.parametrize("where", ["text", "payload_header", "payload_tail", "header_tokens", "header_ctx"])
+# Each damaged location and the one error it must give (and whether a listing still shows the
+# file: only the text and the token count are checked by a listing).
+_FLIPS = {
+    "text": (lambda h, n: h.text_offset + 5, "checksum mismatch", False),
+    "payload_header": (lambda h, n: h.payload_offset + 8, "checksum mismatch", True),
+    "payload_tail": (lambda h, n: n - 30, "checksum mismatch", True),
+    "checksum_trailer": (lambda h, n: n - 3, "checksum mismatch", True),
+    "header_tokens": (lambda h, n: 8, r"header says \d+ tokens for \d+ bytes of text", False),
+    "header_ctx": (lambda h, n: 17, "checksum mismatch", True),
+    "header_created": (lambda h, n: 25, "checksum mismatch", True),
+    "header_reason": (lambda h, n: 5, "checksum mismatch", True),
+}
+
+
+@pytest.mark.parametrize("where", sorted(_FLIPS))
 def test_flipped_bytes_are_caught(engine, saved, where: str) -> None:
     store, good, victim = saved
     p = store.path(victim)
     data = bytearray(p.read_bytes())
     h, text = read_header(p)
-    at = {"text": h.text_offset + 5, "payload_header": h.payload_offset + 8, "payload_tail": len(data) - 30,
-          "header_tokens": 8, "header_ctx": 17}[where]
-    data[at] ^= 0xFF
+    offset, error, listed = _FLIPS[where]
+    data[offset(h, len(data))] ^= 0xFF
     p.write_bytes(bytes(data))
     s = engine.session()
-    if where == "text":
-        assert victim not in [i.sha for i in store.list()]
+    assert (victim in [i.sha for i in store.list()]) == listed
     # A flipped token count is caught by the token checks (item 7), before the checksum.
-    with pytest.raises(StoreError, match="checksum mismatch|truncated|does not match|no tokens|tokens"):
+    with pytest.raises(StoreError, match=error):
         store.load(victim, s)
     assert good in [i.sha for i in store.list()]
     store.load(good, engine.session())
+
+
+@pytest.mark.parametrize("offset", [12, 13, 32, 36])
+def test_hit_count_and_last_use_are_outside_the_checksum(engine, saved, offset: int) -> None:
+    # They are rewritten in place on every load: a checksum covering them would refuse the
+    # file at its second load.
+    store, good, victim = saved
+    p = store.path(victim)
+    data = bytearray(p.read_bytes())
+    data[offset] ^= 0x5A
+    p.write_bytes(bytes(data))
+    s = engine.session()
+    store.load(victim, s)
+    assert s.tokens == convo_session(engine, "break me").tokens
 
 
 def test_another_model_is_refused(demo_q4_path, tmp_path, saved) -> None:
