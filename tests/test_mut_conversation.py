@@ -1,0 +1,87 @@
+"""How a turn cut short is closed (issue 22): the sampled ids stay in the transcript (no silent
+re-tokenisation, which would break the KV prefix), followed by exactly the tokens the model
+would have produced to end there: the thinking close when it stopped inside its reasoning,
+then the end of sentence."""
+
+from __future__ import annotations
+
+import pytest
+
+from ds4agent.conversation.turns import Conversation
+from ds4agent.engine import Engine, SamplingParams
+from ds4agent.protocol import Transcript
+
+
+@pytest.fixture(scope="module")
+def engine(demo_path):
+    with Engine.open(demo_path, backend="cpu", ctx=4096) as e:
+        yield e
+
+
+@pytest.fixture()
+def kept(monkeypatch) -> list[bool]:
+    """What each append_sampled returned: True when the sampled ids were kept."""
+    out: list[bool] = []
+    real = Transcript.append_sampled
+
+    def spy(self, message, sampled):
+        r = real(self, message, sampled)
+        out.append(r)
+        return r
+
+    monkeypatch.setattr(Transcript, "append_sampled", spy)
+    return out
+
+
+def _stopped_turn(conv: Conversation, kind: str, after: int) -> tuple[list[int], list]:
+    before = len(conv.transcript.tokens)
+    events = []
+    for ev in conv.turn("tell me something"):
+        events.append(ev)
+        if sum(e.kind == kind for e in events) == after:
+            conv.stop.set()
+    return conv.transcript.tokens[before:], events
+
+
+def test_a_turn_stopped_in_its_reasoning_keeps_its_ids_and_closes_the_thinking(engine, kept) -> None:
+    tok = engine.tokenizer
+    conv = Conversation(engine, mode="thinking", sampling=SamplingParams(temperature=0), max_tokens=40)
+    added, events = _stopped_turn(conv, "reasoning", 4)
+    assert events[-1].finish == "interrupted"
+    sampled = conv._turn.sampled
+    think_close, eos = tok.special["think_close"], tok.eos_id
+    assert think_close not in sampled and eos not in sampled  # it was stopped inside the reasoning
+    assert kept == [True]
+    assert added[-len(sampled) - 2:] == sampled + [think_close, eos]
+    msg = conv.messages[-1]
+    assert msg["role"] == "assistant" and msg["content"] == "" and msg["reasoning_content"] == tok.decode(sampled)
+    assert conv.transcript.text == tok.decode(conv.transcript.tokens)
+    # The KV holds every id but the last sampled one (not evaluated yet): the transcript extends it.
+    n = len(conv.session.tokens)
+    assert conv.transcript.tokens[:n] == conv.session.tokens and n == len(conv.transcript.tokens) - 3
+    list(conv.turn("go on"))  # the next turn extends the KV: the closed turn was not re-tokenised
+    assert conv.session.tokens[:n] == conv.transcript.tokens[:n] and len(kept) == 2
+
+
+def test_a_turn_cut_by_the_length_limit_in_its_reasoning(engine, kept) -> None:
+    tok = engine.tokenizer
+    conv = Conversation(engine, mode="thinking", sampling=SamplingParams(temperature=0), max_tokens=3)
+    start = len(conv.transcript.tokens)
+    events = list(conv.turn("tell me something"))
+    assert events[-1].finish == "length"
+    sampled = conv._turn.sampled
+    assert len(sampled) == 3 and kept == [True]
+    assert conv.transcript.tokens[-5:] == sampled + [tok.special["think_close"], tok.eos_id]
+    assert start < len(conv.transcript.tokens)
+
+
+def test_a_chat_turn_stopped_in_its_answer_ends_with_the_end_of_sentence_only(engine, kept) -> None:
+    tok = engine.tokenizer
+    conv = Conversation(engine, mode="chat", sampling=SamplingParams(temperature=0), max_tokens=40)
+    added, events = _stopped_turn(conv, "content", 4)
+    assert events[-1].finish == "interrupted"
+    sampled = conv._turn.sampled
+    assert kept == [True]
+    assert added[-len(sampled) - 1:] == sampled + [tok.eos_id]
+    assert tok.special["think_close"] not in added[-len(sampled) - 1:]
+    assert conv.messages[-1]["content"] == tok.decode(sampled)
