@@ -180,12 +180,18 @@ def test_real_terminal(demo_path, tmp_path) -> None:
     assert len(saved) == 1
 
 
-def test_pipe_mode_via_cli(demo_path, tmp_path) -> None:
+def test_pipe_mode_via_cli(engine, demo_path, tmp_path) -> None:
     env = {**os.environ, "DS4_MODEL": str(demo_path), "DS4_HOME": str(tmp_path)}
     r = subprocess.run([sys.executable, "-m", "ds4agent", "--ctx", "1024", "-n", "5", "--temp", "0", "--nothink"],
                        input="Hello\nAgain\n", capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr
-    assert len([ln for ln in r.stdout.splitlines() if ln.strip()]) >= 2 and "\x1b[" not in r.stdout
+    assert "\x1b[" not in r.stdout
+    # Exactly the two greedy answers of the same conversation run here, one after the other,
+    # each ending its line; the token-limit notes go to stderr, once per turn.
+    conv = _conv(engine, "chat", n=5)
+    answers = ["".join(e.text for e in conv.turn(line) if e.kind == "content") for line in ("Hello", "Again")]
+    assert all(answers) and r.stdout == "".join(a + "\n" for a in answers)
+    assert r.stderr.count("stopped at the token limit (-n)") == 2
 
 
 def test_terminal_session_commands_through_prompt_toolkit(engine, tmp_path, monkeypatch) -> None:

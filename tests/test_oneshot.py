@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import subprocess
 import sys
@@ -79,18 +80,32 @@ def test_dump_logprobs(demo_path: Path, tmp_path: Path) -> None:
     assert text.endswith("\n  ]\n}\n")
     doc = json.loads(text)
     assert doc["top_k"] == 5 and doc["ctx"] == 512 and len(doc["steps"]) == 4
+    from ds4agent.modelfile import Tokenizer
+
+    tok = Tokenizer.from_gguf(demo_path)
     for i, st in enumerate(doc["steps"]):
         assert st["step"] == i
         tops = st["top_logprobs"]
         assert len(tops) == 5 and st["selected"]["id"] == tops[0]["token"]["id"]  # greedy
         lps = [t["logprob"] for t in tops]
         assert lps == sorted(lps, reverse=True) and all(lp <= 0 for lp in lps)
-        assert bytes(tops[0]["token"]["bytes"]).decode("utf-8", "replace") is not None
+        # Each candidate names its token by id and by that token's exact bytes; the selected
+        # token is the top one; the candidates are part of a distribution.
+        for t in tops:
+            assert bytes(t["token"]["bytes"]) == tok.token_bytes(t["token"]["id"])
+            raw = bytes(t["token"]["bytes"])
+            try:
+                want = raw.decode("utf-8")
+            except UnicodeDecodeError:  # a piece of a character: its bytes as code points
+                want = raw.decode("latin-1")
+            assert t["token"]["text"] == want
+        assert len({t["token"]["id"] for t in tops}) == 5
+        assert st["selected"] == tops[0]["token"] and sum(math.exp(lp) for lp in lps) <= 1 + 1e-6
+        # logit - logprob is the step's log-normaliser: the same for every candidate.
+        norms = [t["logit"] - t["logprob"] for t in tops]
+        assert max(norms) - min(norms) < 1e-4
     # Greedy steps agree with a plain greedy run of the same prompt.
     plain = ds4("-p", "Hello", "--nothink", "-n", "4", "--ctx", "512", "--temp", "0", model=demo_path)
-    from ds4agent.modelfile import Tokenizer
-
-    tok = Tokenizer.from_gguf(demo_path)
     assert plain.stdout.rstrip("\n") == tok.decode([s["selected"]["id"] for s in doc["steps"]]).rstrip("\n")
 
 
