@@ -36,7 +36,8 @@ def _open_engine(path, args: argparse.Namespace, ctx: int, flag: str = "--ctx"):
     without any sign, and the KV memory grows for nothing."""
     from .engine import Engine
 
-    engine = Engine.open(path, backend=args.backend, ctx=ctx, kernels=args.kernels)
+    engine = Engine.open(path, backend=args.backend, ctx=ctx, kernels=args.kernels,
+                         devices=getattr(args, "devices", None), w8a8=getattr(args, "w8a8", False))
     trained = engine.info.config.context_length
     if trained and ctx > trained:
         engine.close()
@@ -44,10 +45,12 @@ def _open_engine(path, args: argparse.Namespace, ctx: int, flag: str = "--ctx"):
                          f"deepseek4.context_length); use at most {trained}")
     if engine.info.kernel_note:
         print(f"ds4: note: {engine.info.kernel_note}", file=sys.stderr)
+    for line in engine.info.devices:  # --backend npu: what each device holds, and its memory
+        print(f"ds4: {line}", file=sys.stderr)
     return engine
 
 
-BACKENDS = ("auto", "cpu", "metal", "cuda")
+BACKENDS = ("auto", "cpu", "metal", "cuda", "npu")  # engine.BACKENDS (tested equal)
 MODEL_CHOICE = ("Model choice: -m PATH, else $DS4_MODEL, else 'model' in ~/.ds4agent/config.toml, else the built-in "
                 "demo model (tiny, random weights).")
 
@@ -61,6 +64,11 @@ def _add_engine(group: argparse._ActionsContainer) -> None:
     group.add_argument("--backend", choices=BACKENDS, default="auto", help="compute backend (default auto)")
     group.add_argument("--kernels", choices=KERNELS, default=None,
                        help="implementation of the heavy products (default $DS4_KERNELS or auto; see README)")
+    group.add_argument("--devices", metavar="LIST", default=None,
+                       help="--backend npu: devices to split the layers over, e.g. 0,1 (default 0; cpu runs it on "
+                            "host torch)")
+    group.add_argument("--w8a8", action="store_true",
+                       help="--backend npu: int8 weights and activations for the Q8_0 matrices (see docs/ascend.md)")
 
 
 def _add_thinking(parser: argparse.ArgumentParser, think_max: bool) -> list[argparse.Action]:

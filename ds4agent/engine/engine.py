@@ -17,7 +17,8 @@ from .model import Model, Options
 from .session import Session
 from .weights import Weights
 
-BACKENDS = ("auto", "cpu", "metal", "cuda")
+# "npu" is the Ascend module (engine/ascend/: PyTorch + torch_npu), never chosen by "auto".
+BACKENDS = ("auto", "cpu", "metal", "cuda", "npu")
 
 
 class EngineError(ValueError):
@@ -38,6 +39,7 @@ class EngineInfo:
     kernels: str = "reference"  # the implementation of the heavy products (engine/kernels)
     kernel_note: str | None = None  # why the fast kernels (or some of their operations) were not used
     kernel_check: object = None  # kernels/check.CheckReport of the self-check at open, when it ran
+    devices: tuple[str, ...] = ()  # npu backend: one line per device (its layers and memory), said at open
 
     @property
     def name(self) -> str:
@@ -71,6 +73,35 @@ def _pick_backend(requested: str) -> str:
     return requested
 
 
+def _read_model(path: str | os.PathLike[str]) -> tuple[GGUFFile, ModelConfig, Tokenizer, bool]:
+    """The model file opened and checked, its config, its tokenizer, whether it claims Flash."""
+    f = GGUFFile(path)
+    try:
+        cfg = config_from_gguf(f)
+        flash = claims_flash(cfg)
+        problems = validate_flash(f, cfg) if flash else check_tensors(f, cfg)
+        if problems:
+            more = f" (and {len(problems) - 1} more; see 'ds4 inspect')" if len(problems) > 1 else ""
+            raise EngineError(f"{f.path}: {problems[0]}{more}")
+        tok = Tokenizer.from_gguf(f)
+        if tok.vocab_size != cfg.n_vocab:
+            raise EngineError(f"{f.path}: {tok.vocab_size} vocabulary strings for {cfg.n_vocab} embedding rows")
+        return f, cfg, tok, flash
+    except Exception:
+        f.close()
+        raise
+
+
+def _info(f: GGUFFile, cfg: ModelConfig, backend: str, ctx: int, qat_sim: bool, is_flash: bool, kernels: str,
+          note: str | None, check: object, devices: tuple[str, ...] = ()) -> EngineInfo:
+    mix: dict[str, int] = {}
+    for t in f.tensors.values():
+        mix[t.type_name] = mix.get(t.type_name, 0) + t.nbytes
+    bits = 4 if f.tensors["blk.0.ffn_gate_exps.weight"].type_name == "Q4_K" else 2
+    return EngineInfo(f.path, cfg, backend, ctx, qat_sim, mix, is_flash, bits, _fingerprint(f), kernels, note, check,
+                      devices)
+
+
 class Engine:
     def __init__(self, f: GGUFFile, cfg: ModelConfig, tok: Tokenizer, backend: str, ctx: int, qat_sim: bool,
                  is_flash: bool, kernels: str | None = None) -> None:
@@ -80,34 +111,28 @@ class Engine:
         weights = Weights(f, cfg)
         impl, note = select_kernels(backend, weights, kernels)
         self._model = Model(weights, Options(qat_sim=qat_sim), impl)
-        mix: dict[str, int] = {}
-        for t in f.tensors.values():
-            mix[t.type_name] = mix.get(t.type_name, 0) + t.nbytes
-        bits = 4 if f.tensors["blk.0.ffn_gate_exps.weight"].type_name == "Q4_K" else 2
-        self.info = EngineInfo(f.path, cfg, backend, ctx, qat_sim, mix, is_flash, bits, _fingerprint(f), impl.name, note,
-                               getattr(impl, "check", None))
+        self.info = _info(f, cfg, backend, ctx, qat_sim, is_flash, impl.name, note, getattr(impl, "check", None))
+
+    _session_class = Session  # the npu backend's sessions bring its device tensors home to save
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], backend: str = "auto", ctx: int = 32768,
-             qat_sim: bool = True, kernels: str | None = None) -> "Engine":
+             qat_sim: bool = True, kernels: str | None = None, devices: str | None = None,
+             w8a8: bool = False) -> "Engine":
         """Open a DeepSeek V4 GGUF. Reads the header and vocabulary only; weights stay in the
         mmap and are materialised when first used. ``kernels`` picks the implementation of the
-        heavy products (default $DS4_KERNELS or auto: the backend's fast kernels when usable)."""
+        heavy products (default $DS4_KERNELS or auto: the backend's fast kernels when usable).
+        ``devices`` ("0,1", "cpu", ...) and ``w8a8`` are the npu backend's (docs/ascend.md)."""
         if ctx < 2:
             raise EngineError(f"context size must be at least 2 tokens, got {ctx}")
+        if backend == "npu":
+            return cls._open_npu(path, ctx, qat_sim, kernels, devices, w8a8)
+        if devices is not None or w8a8:
+            raise EngineError("--devices and --w8a8 are options of --backend npu")
         chosen = _pick_backend(backend)
         mx.set_default_device(mx.cpu if chosen == "cpu" else mx.gpu)
-        f = GGUFFile(path)
+        f, cfg, tok, flash = _read_model(path)
         try:
-            cfg = config_from_gguf(f)
-            flash = claims_flash(cfg)
-            problems = validate_flash(f, cfg) if flash else check_tensors(f, cfg)
-            if problems:
-                more = f" (and {len(problems) - 1} more; see 'ds4 inspect')" if len(problems) > 1 else ""
-                raise EngineError(f"{f.path}: {problems[0]}{more}")
-            tok = Tokenizer.from_gguf(f)
-            if tok.vocab_size != cfg.n_vocab:
-                raise EngineError(f"{f.path}: {tok.vocab_size} vocabulary strings for {cfg.n_vocab} embedding rows")
             return cls(f, cfg, tok, chosen, ctx, qat_sim, flash, kernels)
         except KernelError as e:
             f.close()
@@ -116,9 +141,38 @@ class Engine:
             f.close()
             raise
 
+    @classmethod
+    def _open_npu(cls, path, ctx: int, qat_sim: bool, kernels: str | None, devices: str | None,
+                  w8a8: bool) -> "Engine":
+        """The Ascend module (engine/ascend/) behind the same Engine: its model runs the
+        sessions, the model file and tokenizer are read here as for MLX."""
+        from .ascend.devices import AscendError, load_torch, parse_devices
+
+        try:
+            names = parse_devices(devices)
+            load_torch(names)  # what is missing is said before the model file is read
+        except AscendError as e:
+            raise EngineError(str(e)) from None
+        from .ascend.engine import build
+
+        f, cfg, tok, flash = _read_model(path)
+        try:
+            built = build(f, cfg, names, ctx, qat_sim, kernels, w8a8)
+        except AscendError as e:
+            f.close()
+            raise EngineError(str(e)) from None
+        except Exception:
+            f.close()
+            raise
+        e = cls.__new__(cls)
+        e._file, e.tokenizer, e.ctx, e._model = f, tok, ctx, built.model
+        e._session_class = built.session_class
+        e.info = _info(f, cfg, "npu", ctx, qat_sim, flash, built.kernels, built.note, None, built.devices)
+        return e
+
     def session(self, ctx: int | None = None) -> Session:
         """A new, empty session; ``ctx`` defaults to the context the engine was opened with."""
-        return Session(self._model, self.tokenizer, self.info, self.ctx if ctx is None else ctx)
+        return self._session_class(self._model, self.tokenizer, self.info, self.ctx if ctx is None else ctx)
 
     def close(self) -> None:
         self._file.close()

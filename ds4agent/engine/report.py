@@ -20,6 +20,10 @@ def kernel_report(path: str | os.PathLike[str], backend: str = "auto", kernels: 
         lines = []
         if info.kernel_note:
             lines.append(f"              note: {info.kernel_note}")
+        if info.backend == "npu":  # the Ascend module's registry: fused torch_npu op or plain torch, per op
+            return ([f"kernels       {info.kernels} on npu: the operation registry (engine/ascend)"]
+                    + [f"              {line}" for line in e._model.reg.report()]
+                    + [f"              {line}" for line in info.devices] + lines)
         if info.kernels == "reference":
             return [f"kernels       reference on {info.backend}: the definition the others are checked against; "
                     "nothing to check"] + lines
