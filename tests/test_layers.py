@@ -13,7 +13,7 @@ PKG = Path(__file__).resolve().parents[1] / "ds4agent"
 
 # Lower rank = lower layer. A module may import its own package and packages of lower rank.
 RANK = {"settings": 0, "lazy": 0, "modelfile": 1, "protocol": 2, "engine": 3, "sessions": 4, "tools": 4,
-        "conversation": 5, "ui": 6, "cli": 7, "__main__": 8}
+        "conversation": 5, "ui": 6, "server": 6, "cli": 7, "__main__": 8}
 
 
 def _modules() -> dict[str, Path]:
@@ -129,7 +129,8 @@ sys.meta_path.insert(0, Block())
 FRONT = ["ds4agent.cli", "ds4agent.ui.chat", "ds4agent.ui.agent_ui", "ds4agent.ui.oneshot", "ds4agent.ui.commands",
          "ds4agent.ui.terminal", "ds4agent.ui.keys", "ds4agent.ui.markdown", "ds4agent.conversation",
          "ds4agent.conversation.turns", "ds4agent.conversation.agent", "ds4agent.conversation.events",
-         "ds4agent.settings", "ds4agent.tools", "ds4agent.protocol", "ds4agent.sessions"]
+         "ds4agent.settings", "ds4agent.tools", "ds4agent.protocol", "ds4agent.sessions",
+         "ds4agent.server.app", "ds4agent.server.run", "ds4agent.server.scripted"]
 
 
 def test_front_ends_and_conversation_layer_import_without_mlx_or_numpy() -> None:

@@ -9,6 +9,10 @@ tokens is never emitted half) and get events:
 * ``call_start`` (index, name), ``call_args`` (index, JSON text delta), ``call`` (index, name,
   complete arguments) for each DSML invoke, and ``tool_block`` with the block's exact sampled
   text, so a transcript can replay it byte for byte;
+* per parameter of an invoke: ``param_start`` (index, name = the key, text = "true" for a
+  string value, "false" for JSON), ``param_text`` (raw value deltas, held like the value's
+  closing tag) and ``param_end`` (the whole raw value), for front ends that re-encode the
+  arguments themselves while they stream (the server's compact JSON);
 * ``dsml_in_reasoning``: DSML markup inside the thinking section is reported, never executed;
 * ``done`` at end of sentence, or ``error`` (kind, message) when the DSML breaks the grammar.
 
@@ -79,6 +83,7 @@ class StreamParser:
         self._block_start = -1
         self._state = "gap"  # inside a tool block: gap | header | param_head | value | after_value
         self._value_start = 0
+        self._value_sent = 0  # end of the value text already handed out as param_text
         self._param: tuple[str, bool] | None = None
         self.tool_blocks: list[str] = []
         self.failed = False
@@ -215,9 +220,10 @@ class StreamParser:
                 return False
             self._param = (key, is_str)
             call.params[key] = (is_str, "")
+            events.append(Event("param_start", "true" if is_str else "false", index=len(self._calls) - 1, name=key))
             self._send_args(events, call, partial=True)
             self.pos = m.end()
-            self._value_start = self.pos
+            self._value_start = self._value_sent = self.pos
             self._state = "value"
             return True
         if self._state == "value":
@@ -225,13 +231,17 @@ class StreamParser:
             key, is_str = self._param
             if k < 0:
                 hold = _held(t[self._value_start :], ("<" + _PARAM_END,))
-                call.params[key] = (is_str, t[self._value_start : max(self._value_start, len(t) - hold)])
+                end = max(self._value_start, len(t) - hold)
+                call.params[key] = (is_str, t[self._value_start : end])
+                self._send_value(events, key, end)
                 self._send_args(events, call, partial=True)
                 return False
             if k == 0 or t[k - 1] != "<":
                 self._fail(events, "dsml_parameter", "parameter value not closed by </｜DSML｜parameter>")
                 return False
             call.params[key] = (is_str, t[self._value_start : k - 1])
+            self._send_value(events, key, k - 1)
+            events.append(Event("param_end", t[self._value_start : k - 1], index=len(self._calls) - 1, name=key))
             self.pos = k + len(_PARAM_END)
             self._state = "after_value"
             return True
@@ -249,6 +259,11 @@ class StreamParser:
                 self._fail(events, "dsml_layout", "expected '>' and a newline after a parameter")
             return False
         return False
+
+    def _send_value(self, events: list[Event], key: str, end: int) -> None:
+        if end > self._value_sent:
+            events.append(Event("param_text", self.text[self._value_sent : end], index=len(self._calls) - 1, name=key))
+            self._value_sent = end
 
     def _args_text(self, call: _Call, partial: bool) -> str:
         parts = []

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import copy
 import re
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from .template import render
 
@@ -56,6 +56,26 @@ def _guard(messages: list[dict], tok: Tokenizer) -> tuple[list[dict], list[str]]
     return out, originals
 
 
+def encode_guarded(tok: Tokenizer, messages: list[dict], render_fn: Callable[[list[dict]], str]) -> tuple[str, list[int]]:
+    """Render ``messages`` with ``render_fn`` and tokenise the result: rendered structure
+    becomes control tokens, while a supplied string (content, reasoning) that contains the text
+    of a control token is tokenised as plain text, so it can never forge one (docs/protocol.md
+    §1.2). Returns the text and its ids; only when such a string occurs is the rendering
+    tokenised piecewise, otherwise it is one canonical encode_rendered."""
+    guarded, originals = _guard(list(messages), tok)
+    text = render_fn(guarded)
+    if not originals:
+        return text, tok.encode_rendered(text)
+    ids: list[int] = []
+    parts = _PLACEHOLDER.split(text)
+    for i, part in enumerate(parts):
+        if i % 2 == 0:
+            ids += tok.encode_rendered(part) if part else []
+        else:
+            ids += tok.encode(originals[int(part)])
+    return _PLACEHOLDER.sub(lambda m: originals[int(m.group(1))], text), ids
+
+
 class Transcript:
     def __init__(self, tokenizer: Tokenizer, thinking_mode: str = "thinking", reasoning_effort: str | None = None) -> None:
         self.tok = tokenizer
@@ -77,20 +97,8 @@ class Transcript:
         Text that the user or a tool supplied is never turned into control tokens: a file that
         contains the string <｜end▁of▁sentence｜> stays text. Only when such a string occurs is
         the rendering tokenised piecewise; otherwise it is one canonical encode_rendered."""
-        guarded, originals = _guard(list(messages), self.tok)
-        text = self._render_new(guarded)
+        text, added = encode_guarded(self.tok, list(messages), self._render_new)
         self.messages.extend(messages)
-        if not originals:
-            added = self.tok.encode_rendered(text)
-        else:
-            added = []
-            parts = _PLACEHOLDER.split(text)
-            for i, part in enumerate(parts):
-                if i % 2 == 0:
-                    added += self.tok.encode_rendered(part) if part else []
-                else:
-                    added += self.tok.encode(originals[int(part)])
-            text = _PLACEHOLDER.sub(lambda m: originals[int(m.group(1))], text)
         self.tokens.extend(added)
         self.text += text
         return added

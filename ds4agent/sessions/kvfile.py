@@ -336,6 +336,19 @@ class KVReader:
             raise KVFileError(f"{self.path}: truncated session file")
         return list(struct.unpack(f"<{h.tokens}I", raw))
 
+    def tool_map(self) -> dict[str, bytes]:
+        """The tool-id map alone (empty when the file has none), read from after the payload
+        without reading the payload. Not covered by a checksum check here: readers treat the
+        map as advice and check each entry against the text."""
+        h = self.header
+        if not h.flags & FLAG_TOOLMAP:
+            return {}
+        start = h.payload_offset + h.payload_bytes
+        end = self.size - (CHECKSUM_SIZE if h.flags & FLAG_CHECKSUM else 0)
+        if not 8 <= end - start <= MAX_TOOLMAP:
+            raise KVFileError(f"{self.path}: corrupt tool-id map")
+        return _parse_toolmap(self.pread(start, end - start), self.path)
+
     def read(self) -> KVFile:
         """The whole file in one buffer, read once: text is copied out (small), the payload is
         a view into the buffer, the checksum is hashed through views; peak memory is about the

@@ -61,6 +61,9 @@ _TEMP = re.compile(r"^\.[0-9a-f]{40}\.kv\.([0-9]{1,10})\.[0-9]+\.tmp$")
 # _sweep_temps for why the pid alone is not enough).
 STALE_TEMP_SECONDS = 300
 TITLE_CHARS = 70
+# Save reasons of files meant as the common start of many sessions: a save never drops them as
+# an older checkpoint of the conversation it writes (docs/protocol.md §4.3).
+SHARED_PREFIXES = ("agent-system", "cold")
 _USER = "<｜User｜>".encode()
 # Any special token ends the first user message (a turn marker, </think>, <tool_result>...).
 _TITLE_END = re.compile("<｜[^｜]*｜>|</?think>|<tool_result>")
@@ -255,8 +258,9 @@ class SessionStore:
 
     def _drop_prefixes(self, sha: str, text: bytes) -> None:
         for info in _prefixes_of(text, self._infos()):
-            # The agent's cached system prompt is a prefix of every agent session: keep it.
-            if info.sha != sha and info.text_bytes < len(text) and info.reason != "agent-system":
+            # The agent's cached system prompt is a prefix of every agent session, and a "cold"
+            # file (the server's shared system and tools prefix) of many conversations: keep them.
+            if info.sha != sha and info.text_bytes < len(text) and info.reason not in SHARED_PREFIXES:
                 try:
                     info.path.unlink()
                 except OSError:
@@ -446,6 +450,21 @@ class SessionStore:
             f.payload = b""
             f.header.payload_bytes = 0
             self._write_atomic(path, f.to_bytes())
+
+    def tool_maps(self) -> Iterator[tuple[dict[str, bytes], str]]:
+        """(tool-id map, rendered text) of every listed session file that carries a map; a
+        file that cannot be read is skipped (a listing's problems say why)."""
+        for info in self._infos():
+            try:
+                with KVReader(info.path) as r:
+                    tool_map = r.tool_map()
+                    if tool_map:
+                        text = r.text()
+                    else:
+                        continue
+            except KVFileError:
+                continue
+            yield tool_map, text.decode("utf-8", errors="replace")
 
     def longest_prefix(self, rendered_text: str | bytes) -> str | None:
         """The saved session whose text is the longest prefix of ``rendered_text``."""

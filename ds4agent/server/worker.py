@@ -1,0 +1,476 @@
+"""The one thread that owns the engine's live session: jobs run strictly one after another in
+arrival order, from a bounded queue (docs/server.md §2).
+
+A job is a tokenised prompt plus its generation settings. The worker finds the longest cached
+start of it (the live session, the checkpoints kept at message boundaries, then the on-disk
+session store), prefills only the rest, samples, and hands events back through the job's
+``emit`` callback (called on the worker thread; the HTTP side hops them onto its event loop).
+
+Cache matching is by *text*, not by token ids (docs/server.md §4): the live KV holds the tokens
+the model sampled, which need not be the tokens the canonical tokeniser gives the same text. A
+candidate (tokens, their text) fits a prompt when its text is a byte prefix of the prompt's
+text and a token of the prompt's canonical encoding starts exactly where that text ends; the
+prompt then runs as ``candidate tokens + the canonical tokens from there``.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+from ..conversation.toolmemory import SampledBlock, ToolMemory, calls_of_block
+from ..engine import SamplingParams
+from ..protocol import StreamParser
+from ..sessions import StoreError
+
+if TYPE_CHECKING:
+    from ..sessions import SessionStore
+
+log = logging.getLogger("ds4agent.server")
+
+MAX_CHECKPOINTS = 16  # in-memory message-boundary checkpoints (O(1) each: shared arrays)
+
+
+@dataclass
+class Out:
+    """One thing the worker hands back for a job (docs/server.md §2)."""
+
+    kind: str  # start | prefill | reasoning | content | tool_start | tool_args | tool_end | done | error
+    text: str = ""
+    index: int = -1
+    id: str = ""
+    name: str = ""
+    data: dict | None = None
+
+
+@dataclass
+class Job:
+    api: str  # chat | completions | messages | responses (for the log line)
+    ids: list[int]  # the prompt's canonical token ids
+    text: bytes  # the prompt's text, exactly those ids decoded
+    mode: str  # "thinking" | "chat": how the completion is parsed; "raw" for /v1/completions
+    sampling: SamplingParams
+    max_tokens: int
+    emit: Callable[[Out], None]
+    stop: list[str] = field(default_factory=list)
+    id_prefix: str = "call_"  # tool-call ids: call_ (OpenAI) or toolu_ (Anthropic)
+    cancel: threading.Event = field(default_factory=threading.Event)
+    replay: dict[str, int] | None = None  # tool-call replay counts, for the log
+
+
+@dataclass
+class _Cached:
+    tokens: list[int]
+    text: bytes
+    checkpoint: object  # Session.checkpoint()
+    used: float = 0.0
+
+
+class QueueFull(Exception):
+    pass
+
+
+class Worker:
+    def __init__(self, engine: Any, store: "SessionStore | None" = None, max_queue: int = 16,
+                 min_save_tokens: int = 512, memory: ToolMemory | None = None) -> None:
+        self.engine = engine
+        self.tok = engine.tokenizer
+        self.session = engine.session()
+        self.ctx = self.session.ctx
+        self.store = store
+        self.memory = memory or ToolMemory()
+        self.max_queue = max_queue
+        self.min_save_tokens = min_save_tokens
+        self._jobs: collections.deque[Job] = collections.deque()
+        self._cv = threading.Condition()
+        self._closing = False
+        self._current: Job | None = None
+        self._cached: list[_Cached] = []
+        self._saved_text: bytes | None = None  # text of the live session as last saved
+        self.requests = 0
+        self.special = {self.tok.special["user"], self.tok.eos_id}
+        self._think_open = self.tok.special.get("think_open")
+        if store is not None:
+            try:
+                n = self.memory.load(store)
+                if n:
+                    log.info("tool memory: %d tool-call ids read back from the session files", n)
+            except StoreError as e:
+                log.warning("tool memory: %s", e)
+        self._thread = threading.Thread(target=self._loop, name="ds4-engine", daemon=True)
+        self._thread.start()
+
+    # -- queue -----------------------------------------------------------------------------
+    def submit(self, job: Job) -> None:
+        with self._cv:
+            if self._closing:
+                raise QueueFull("server shutting down")
+            if len(self._jobs) >= self.max_queue:
+                raise QueueFull(f"{len(self._jobs)} requests already wait for the engine")
+            self._jobs.append(job)
+            self._cv.notify()
+
+    @property
+    def waiting(self) -> int:
+        return len(self._jobs)
+
+    def close(self, save: bool = True, timeout: float = 30.0) -> None:
+        """Stop taking jobs, cancel the running and the waiting ones, then save the live
+        session (reason "shutdown") when a store is configured."""
+        with self._cv:
+            self._closing = True
+            pending = list(self._jobs)
+            self._jobs.clear()
+            if self._current is not None:
+                self._current.cancel.set()
+            self._cv.notify_all()
+        for job in pending:
+            job.emit(Out("error", "server shutting down", data={"status": 503}))
+        self._thread.join(timeout)
+        if save:
+            self._save("shutdown")
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._jobs and not self._closing:
+                    self._cv.wait()
+                if self._closing and not self._jobs:
+                    return
+                job = self._jobs.popleft()
+                self._current = job
+            try:
+                self._run(job)
+            except Exception as e:  # a bug must not take the server down; the session is consistent
+                log.exception("request failed")
+                job.emit(Out("error", f"generation failed: {e}", data={"status": 500}))
+            finally:
+                with self._cv:
+                    self._current = None
+
+    # -- cache -----------------------------------------------------------------------------
+    def _offsets(self, ids: list[int]) -> dict[int, int]:
+        """byte offset where each token of ``ids`` starts -> its index (and the end -> len)."""
+        out, pos = {}, 0
+        for i, t in enumerate(ids):
+            out[pos] = i
+            pos += len(self.tok.token_bytes(t))
+        out[pos] = len(ids)
+        return out
+
+    def _fit(self, tokens: list[int], text: bytes, job: Job, offsets: dict[int, int]) -> list[int] | None:
+        if not tokens or not job.text.startswith(text):
+            return None
+        j = offsets.get(len(text))
+        if j is None:
+            return None
+        return tokens + job.ids[j:]
+
+    def _reuse(self, job: Job) -> tuple[list[int], int, str]:
+        """Put the session at the longest cached start of the job's prompt. Returns the token
+        ids to run, how many of them are already in the KV, and where they came from."""
+        s = self.session
+        offsets = self._offsets(job.ids)
+        live_tokens = s.tokens
+        live_text = self.tok.decode_bytes(live_tokens)
+        best: tuple[int, str, Any, list[int]] | None = None
+        ids = self._fit(live_tokens, live_text, job, offsets)
+        if ids is not None:
+            best = (len(live_tokens), "live", None, ids)
+        for c in self._cached:
+            if best is not None and len(c.tokens) <= best[0]:
+                continue
+            ids = self._fit(c.tokens, c.text, job, offsets)
+            if ids is not None:
+                best = (len(c.tokens), "memory", c, ids)
+        if best is None or best[1] != "live":
+            # The live state is about to be replaced: keep it on disk when it is worth it.
+            self._save("evict")
+        if self.store is not None and (best is None or best[0] < len(job.ids)):
+            got = self._from_disk(job, offsets, best[0] if best else 0)
+            if got is not None:
+                return got, len(self.session.tokens), "disk"
+        if best is None:
+            s.reset()
+            return list(job.ids), 0, "none"
+        n, source, c, ids = best
+        if c is not None:
+            c.used = time.monotonic()
+            s.rollback(c.checkpoint)
+        return ids, n, source
+
+    def _from_disk(self, job: Job, offsets: dict[int, int], better_than: int) -> list[int] | None:
+        try:
+            sha = self.store.longest_prefix(job.text)
+            if sha is None:
+                return None
+            info = next((i for i in self.store.list() if i.sha == sha), None)
+            if info is None or info.tokens <= better_than or info.tokens < 1:
+                return None
+            cp = self.session.checkpoint()
+            self.store.load(sha, self.session)
+        except StoreError as e:
+            log.warning("kv cache: %s", e)
+            return None
+        ids = self._fit(self.session.tokens, self.tok.decode_bytes(self.session.tokens), job, offsets)
+        if ids is None:
+            self.session.rollback(cp)
+            return None
+        self._saved_text = None
+        return ids
+
+    def _boundaries(self, ids: list[int], start: int) -> list[int]:
+        """Where checkpoints go (docs/server.md §4): before each user turn, after each end of
+        sentence, before the final <think> of the prompt, and at the prompt's end."""
+        out = [i for i in range(max(start, 1), len(ids)) if ids[i] == self.tok.special["user"]]
+        out += [i + 1 for i in range(max(start - 1, 0), len(ids) - 1) if ids[i] == self.tok.eos_id]
+        if ids and ids[-1] == self._think_open and len(ids) - 1 > start:
+            out.append(len(ids) - 1)
+        out.append(len(ids))
+        return sorted({b for b in out if b > start})
+
+    def _remember(self, tokens: list[int]) -> None:
+        text = self.tok.decode_bytes(tokens)
+        for c in self._cached:
+            if c.tokens == tokens:
+                c.used = time.monotonic()
+                return
+        self._cached.append(_Cached(list(tokens), text, self.session.checkpoint(), time.monotonic()))
+        if len(self._cached) > MAX_CHECKPOINTS:
+            self._cached.remove(min(self._cached, key=lambda c: c.used))
+
+    def _save(self, reason: str) -> None:
+        s = self.session
+        if self.store is None or s.n_tokens < max(self.min_save_tokens, 1):
+            return
+        text = self.tok.decode_bytes(s.tokens)
+        if text == self._saved_text:
+            return
+        try:
+            t0 = time.perf_counter()
+            sha = self.store.save(s, reason, tool_map=self.memory.map_for_text(text.decode("utf-8", "replace")))
+            self._saved_text = text
+            log.info("kv cache stored tokens=%d reason=%s key=%s save=%.0f ms", s.n_tokens, reason, sha[:12],
+                     (time.perf_counter() - t0) * 1000)
+        except (StoreError, RuntimeError) as e:
+            log.warning("kv cache: not saved (%s): %s", reason, e)
+
+    # -- a job -----------------------------------------------------------------------------
+    def _run(self, job: Job) -> None:
+        self.requests += 1
+        t0 = time.perf_counter()
+        ids, cached, source = self._reuse(job)
+        if len(ids) >= self.ctx:
+            job.emit(Out("error", f"Prompt has {len(ids)} tokens, but the configured context size is {self.ctx} tokens",
+                         data={"status": 400, "code": "context_length_exceeded", "n_prompt_tokens": len(ids),
+                               "n_ctx": self.ctx}))
+            return
+        usage = {"prompt_tokens": len(ids), "cached_tokens": cached, "source": source}
+        job.emit(Out("start", data=dict(usage)))
+        s = self.session
+        # Cold save: a request that reused nothing stores its shared start (system prompt and
+        # tools, up to the first user turn) so other conversations with it skip that prefill.
+        cold = next((i for i, t in enumerate(ids) if t == self.tok.special["user"]), 0) if cached == 0 else 0
+        bounds = self._boundaries(ids, cached)
+        done = cached
+        tp = time.perf_counter()
+        chunk = getattr(s, "prefill_chunk", 256)
+        for b in bounds:
+            while done < b:
+                if job.cancel.is_set():
+                    return self._finish(job, usage, "cancelled", t0, tp, time.perf_counter(), 0, 0.0, done - cached)
+                done = min(b, done + chunk)
+                s.sync(ids[:done])
+                job.emit(Out("prefill", data={"done": done - cached, "total": len(ids) - cached}))
+            if done == cold and cold >= self.min_save_tokens:
+                self._save("cold")
+            self._remember(ids[:done])
+        prefill_s = time.perf_counter() - tp
+        self._generate(job, usage, t0, tp, prefill_s, len(ids) - cached, len(ids))
+
+    def _generate(self, job: Job, usage: dict, t0: float, tp: float, prefill_s: float, prefilled: int,
+                  n_prompt: int) -> None:
+        s = self.session
+        max_tokens = max(0, min(job.max_tokens, self.ctx - n_prompt - 1))
+        parser = StreamParser(job.mode) if job.mode != "raw" else None
+        stops = _StopFilter(job.stop)
+        tg = time.perf_counter()
+        finish, n_gen = "length", 0
+        calls: dict[int, _Args] = {}
+        ids_of: dict[int, str] = {}
+        reasoning: list[str] = []
+        raw_text = False  # a malformed tool block: the rest goes out as text
+        decoder = self.tok.stream() if parser is None else None
+        gen = s.generate(job.sampling, max_tokens=max_tokens) if max_tokens > 0 else iter(())
+        for step in gen:
+            n_gen += 1
+            piece = self.tok.token_bytes(step.token)
+            stop_now = False
+            if parser is None:
+                if step.token != self.tok.eos_id:
+                    text, hit = stops.feed(decoder.feed(step.token))
+                    if text:
+                        job.emit(Out("content", text))
+                    stop_now = hit
+                    if hit:
+                        finish = "stop_sequence"
+            elif raw_text:
+                if step.token != self.tok.eos_id:
+                    text, hit = stops.feed(piece.decode("utf-8", "replace"))
+                    if text:
+                        job.emit(Out("content", text))
+                    if hit:
+                        finish, stop_now = "stop_sequence", True
+            else:
+                for ev in parser.feed(piece):
+                    k = ev.kind
+                    if k == "reasoning":
+                        reasoning.append(ev.text)
+                        job.emit(Out("reasoning", ev.text))
+                    elif k == "content":
+                        text, hit = stops.feed(ev.text)
+                        if text:
+                            job.emit(Out("content", text))
+                        if hit:
+                            finish, stop_now = "stop_sequence", True
+                            break
+                    elif k == "call_start":
+                        ident = self.memory.new_ids(job.id_prefix, 1)[0]
+                        ids_of[ev.index] = ident
+                        calls[ev.index] = _Args()
+                        job.emit(Out("tool_start", index=ev.index, id=ident, name=ev.name))
+                    elif k in ("param_start", "param_text", "param_end"):
+                        delta = calls[ev.index].feed(k, ev.text, ev.name)
+                        if delta:
+                            job.emit(Out("tool_args", delta, index=ev.index))
+                    elif k == "call":
+                        delta = calls[ev.index].close()
+                        job.emit(Out("tool_args", delta, index=ev.index))
+                        job.emit(Out("tool_end", calls[ev.index].text, index=ev.index, id=ids_of[ev.index],
+                                     name=ev.name))
+                    elif k == "tool_block":
+                        parsed = calls_of_block(ev.text)
+                        if parsed is not None:
+                            self.memory.remember([ids_of[i] for i in sorted(ids_of)],
+                                                 SampledBlock(ev.text, "".join(reasoning) if job.mode == "thinking"
+                                                              else None, parsed))
+                        finish, stop_now = "tool_calls", True
+                    elif k == "error":
+                        # A block that breaks the grammar is not a call: its text is the answer.
+                        raw_text = True
+                        log.warning("malformed tool call: %s", ev.text)
+                        if parser._block_start >= 0:
+                            job.emit(Out("content", parser.text[parser._block_start - 2 :].replace(_EOS, "")))
+                        calls.clear()
+                        ids_of.clear()
+                    elif k == "done":
+                        finish = "stop"
+            if stop_now:
+                break
+            if step.finish:
+                finish = {"eos": "stop", "length": "length", "context": "length"}.get(step.finish, step.finish)
+                if step.finish == "eos" and parser is not None and parser.phase == "tools" and not raw_text:
+                    finish = "error"  # a tool block that never closed
+                break
+            if job.cancel.is_set():
+                finish = "cancelled"
+                break
+        if parser is not None and not raw_text and finish not in ("tool_calls",):
+            for ev in parser.finish():
+                if ev.kind == "content":
+                    text, _ = stops.feed(ev.text)
+                    if text:
+                        job.emit(Out("content", text))
+                elif ev.kind == "reasoning":
+                    job.emit(Out("reasoning", ev.text))
+        tail = stops.flush() if finish != "stop_sequence" else ""
+        if tail:
+            job.emit(Out("content", tail))
+        if finish in ("stop", "stop_sequence", "tool_calls", "length", "cancelled") and s.n_tokens:
+            self._remember(s.tokens)
+        gen_s = time.perf_counter() - tg
+        usage.update(completion_tokens=n_gen, stop_sequence=stops.matched)
+        self._finish(job, usage, finish, t0, tp, tp + prefill_s, n_gen, gen_s, prefilled)
+
+    def _finish(self, job: Job, usage: dict, finish: str, t0: float, tp: float, tp_end: float, n_gen: int,
+                gen_s: float, prefilled: int) -> None:
+        usage.setdefault("completion_tokens", n_gen)
+        usage["prefilled_tokens"] = prefilled
+        pre_s = max(tp_end - tp, 1e-9)
+        replay = job.replay or {}
+        log.info("%s prompt=%d cached=%d (%s) prefill=%d %.1f t/s gen=%d %.1f t/s tools replayed=%d canonical=%d "
+                 "finish=%s %.2fs", job.api, usage["prompt_tokens"], usage["cached_tokens"], usage["source"],
+                 prefilled, prefilled / pre_s if prefilled else 0.0, n_gen, n_gen / gen_s if gen_s > 0 else 0.0,
+                 replay.get("exact", 0), replay.get("canonical", 0), finish, time.perf_counter() - t0)
+        job.emit(Out("done", finish, data=usage))
+
+
+_EOS = "<｜end▁of▁sentence｜>"
+
+
+class _Args:
+    """A tool call's arguments as compact JSON, built from the parser's parameter events while
+    they stream, so that every delta sent is final and the deltas add up to exactly the
+    arguments of the finished call (docs/server.md §3)."""
+
+    def __init__(self) -> None:
+        self.text = ""
+        self._is_str = False
+
+    def feed(self, kind: str, text: str, key: str) -> str:
+        if kind == "param_start":
+            self._is_str = text == "true"
+            delta = ("{" if not self.text else ",") + compact_json(key) + ":" + ('"' if self._is_str else "")
+        elif kind == "param_text":
+            # JSON escaping works character by character, so escaping each piece is exact.
+            delta = compact_json(text)[1:-1] if self._is_str else text
+        else:  # param_end
+            delta = '"' if self._is_str else ""
+        self.text += delta
+        return delta
+
+    def close(self) -> str:
+        delta = "}" if self.text else "{}"
+        self.text += delta
+        return delta
+
+
+class _StopFilter:
+    """Holds back text that could still be the start of a stop string; cuts at a match."""
+
+    def __init__(self, stops: list[str]) -> None:
+        self.stops = [s for s in stops if s]
+        self.buf = ""
+        self.matched: str | None = None
+
+    def feed(self, text: str) -> tuple[str, bool]:
+        if not self.stops:
+            return text, False
+        self.buf += text
+        hits = [(self.buf.find(s), s) for s in self.stops if s in self.buf]
+        if hits:
+            at, s = min(hits)
+            out, self.buf, self.matched = self.buf[:at], "", s
+            return out, True
+        hold = 0
+        for s in self.stops:
+            for k in range(min(len(s) - 1, len(self.buf)), hold, -1):
+                if self.buf.endswith(s[:k]):
+                    hold = k
+                    break
+        out = self.buf[: len(self.buf) - hold]
+        self.buf = self.buf[len(out):]
+        return out, False
+
+    def flush(self) -> str:
+        out, self.buf = self.buf, ""
+        return out
+
+
+def compact_json(value: object) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
