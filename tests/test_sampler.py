@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+import warnings
+
 import numpy as np
 import pytest
 
@@ -43,6 +46,71 @@ def test_seed_reproduces_and_differs() -> None:
         want.append((((x * 0x2545F4914F6CDD1D) & (2**64 - 1)) >> 40) / 2**24)
     r = Rng(42)
     assert [r.uniform() for _ in range(3)] == want
+    # Long enough for the state to use all 64 bits (a wrong mask shows only then).
+    for _ in range(500):
+        x ^= x >> 12
+        x ^= (x << 25) & (2**64 - 1)
+        x ^= x >> 27
+    [r.uniform() for _ in range(500)]
+    assert r.state == x
+
+
+def test_unseeded_generators_differ_by_time_and_by_process(monkeypatch) -> None:
+    import ds4agent.engine.sampler as sampler
+
+    a, b = Rng(None).state, (time.sleep(0.001), Rng(None).state)[1]
+    assert a != b and 0 < a < 2**64 and 0 < b < 2**64
+    # Two processes started in the same nanosecond still get different streams.
+    monkeypatch.setattr(sampler.time, "time_ns", lambda: 123456789)
+    monkeypatch.setattr(sampler.os, "getpid", lambda: 1000)
+    c = Rng(None).state
+    monkeypatch.setattr(sampler.os, "getpid", lambda: 1001)
+    assert Rng(None).state != c
+
+
+def test_greedy_draws_nothing_from_the_generator_and_warns_nothing() -> None:
+    s = Sampler(SamplingParams(temperature=0, seed=3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert s(np.array([0.0, 2.0, 2.0, 1.0], np.float32)) == 1
+    assert s.rng.state == Rng(3).state
+
+
+def _reference_draw(weights: np.ndarray, u: float) -> int:
+    """The documented draw: the first index (in the order given) whose running sum reaches u·total."""
+    run, r = 0.0, u * float(weights.sum())
+    for i, w in enumerate(weights):
+        run += float(w)
+        if run >= r:
+            return i
+    return len(weights) - 1
+
+
+def test_a_seeded_draw_walks_the_vocabulary_in_id_order() -> None:
+    # Without top-k/top-p the cumulative walk is over ids 0, 1, 2 ... (not the sorted order):
+    # the same seed then picks the same id as ds4 does.
+    logits = np.random.default_rng(7).normal(0, 1, 50).astype(np.float32)
+    weights = np.exp(logits.astype(np.float64) - logits.max())
+    s, r = Sampler(SamplingParams(min_p=0.0, seed=77)), Rng(77)
+    for _ in range(200):
+        assert s(logits) == _reference_draw(weights, r.uniform())
+
+
+def test_min_p_keeps_a_token_exactly_at_the_threshold() -> None:
+    # min_p = 1: tokens as likely as the top one (weight exactly 1.0) are kept.
+    s = Sampler(SamplingParams(min_p=1.0, seed=8))
+    assert {s(np.array([2.0, 2.0, 0.0], np.float32)) for _ in range(200)} == {0, 1}
+
+
+def test_top_k_and_top_p_break_ties_by_the_lowest_id() -> None:
+    # 500 tokens tie for the maximum: a non-stable sort would order them arbitrarily.
+    logits = np.random.default_rng(0).normal(size=1000).astype(np.float32)
+    logits[500:] = logits.max() + 1
+    assert Sampler(SamplingParams(top_k=1, seed=1))(logits) == 500
+    s = Sampler(SamplingParams(top_k=3, min_p=0.0, seed=1))
+    assert {s(logits) for _ in range(300)} == {500, 501, 502}
+    s = Sampler(SamplingParams(top_p=0.001, min_p=0.0, seed=1))
+    assert {s(logits) for _ in range(50)} == {500}
 
 
 def test_rng_zero_seed_and_range() -> None:
@@ -113,3 +181,11 @@ def test_top_p_with_top_k_and_ties() -> None:
 def test_invalid_params(kw) -> None:
     with pytest.raises(ValueError):
         SamplingParams(**kw).validate()
+
+
+def test_logits_are_taken_as_float32_whatever_they_arrive_as() -> None:
+    # Differences below float32 precision do not count: a float64 list ties like its cast.
+    assert Sampler(SamplingParams(temperature=0))([1.0, 1.0 + 1e-12, 0.5]) == 0
+    logits = np.random.default_rng(5).normal(0, 1, 40)
+    a, b = Sampler(SamplingParams(seed=6, min_p=0.0)), Sampler(SamplingParams(seed=6, min_p=0.0))
+    assert [a(logits) for _ in range(50)] == [b(logits.astype(np.float32)) for _ in range(50)]

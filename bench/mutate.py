@@ -1,0 +1,853 @@
+"""Mutation testing of one module against its fast tests (docs/testing.md).
+
+Usage:
+  python bench/mutate.py MODULE [--list] [--only N,M] [--scope NAME] [--json PATH]
+  python bench/mutate.py --modules
+
+MODULE is a path such as ds4agent/engine/sampler.py; bench/mutation.toml names the tests that
+judge it and the surviving mutants explained as equivalent. Each mutant is one small, plausible
+bug (a comparison's boundary, an operator, a constant, a dropped call or keyword argument, a
+negated condition ...). A worker process runs the module's tests with pytest in-process and
+swaps the mutated code in between runs (function code objects, or the one module-level
+statement re-executed), so the files on disk are never touched and other people's test runs
+in the same tree see the real code. Only the tests that execute the mutated line run, fastest
+first, stopping at the first failure.
+
+Why not mutmut 3: it forks its warmed-up process once per mutant, and a process that has used
+MLX hangs in the forked child (MLX's worker threads are not fork-safe); the sessions, snapshot
+and sampler tests all use MLX.
+"""
+
+from __future__ import annotations
+
+import __future__ as future_flags
+import argparse
+import ast
+import builtins
+import functools
+import importlib
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIG = Path(__file__).with_name("mutation.toml")
+
+# ---------------------------------------------------------------------------------------------
+# Mutants
+
+
+@dataclass
+class Mutant:
+    n: int  # 1-based position in the module
+    line: int  # first line of the mutated node
+    stmt_line: int  # line of the statement that contains it (what coverage records)
+    scope: str  # qualname of the function whose code changes, or "<module>"
+    target: str | None  # qualname of the live function to patch (None: re-execute a statement)
+    top_index: int  # index of the enclosing top-level statement
+    old: str  # the first changed line, before and after
+    new: str
+    start: int = 0  # byte offsets of the replaced span in the source
+    end: int = 0
+    text: str = ""  # the replacement
+    key: str = ""  # stable name for mutation.toml: "scope | old => new" (+ " #k")
+
+
+_CMP_SWAP = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq,
+             ast.NotEq: ast.Eq, ast.In: ast.NotIn, ast.NotIn: ast.In, ast.Is: ast.IsNot, ast.IsNot: ast.Is}
+_BIN_SWAP = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult, ast.FloorDiv: ast.Mult,
+             ast.Mod: ast.FloorDiv, ast.Pow: ast.Mult, ast.LShift: ast.RShift, ast.RShift: ast.LShift,
+             ast.BitAnd: ast.BitOr, ast.BitOr: ast.BitAnd, ast.BitXor: ast.BitOr}
+_NAME_SWAP = {"min": "max", "max": "min", "any": "all", "all": "any"}
+_MESSAGE_SUFFIXES = ("Error", "Exception", "Warning")
+
+
+class _Finder(ast.NodeVisitor):
+    """Walks a module and proposes (node, replacement text) pairs with their context."""
+
+    def __init__(self, source: bytes, tree: ast.Module) -> None:
+        self.src = source
+        self.lines = source.split(b"\n")
+        self.offsets = [0]
+        for ln in self.lines:
+            self.offsets.append(self.offsets[-1] + len(ln) + 1)
+        self.found: list[tuple[int, int, str, int, str, str | None, int]] = []
+        self.scope: list[str] = []  # qualname parts
+        self.target: str | None = None  # outermost live function whose body we are in
+        self.stmt_line = 0
+        self.top_index = 0
+        self.parents: list[ast.AST] = []
+        self.tree = tree
+
+    def qualname(self) -> str:
+        q = ".".join(self.scope)
+        return q.removesuffix(".<locals>") or "<module>"
+
+    # -- positions
+    def span(self, node: ast.AST) -> tuple[int, int]:
+        return (self.offsets[node.lineno - 1] + node.col_offset, self.offsets[node.end_lineno - 1] + node.end_col_offset)
+
+    def seg(self, node: ast.AST) -> str:
+        a, b = self.span(node)
+        return self.src[a:b].decode()
+
+    def add(self, node: ast.AST, text: str, paren: bool = True) -> None:
+        a, b = self.span(node)
+        if paren:
+            text = f"({text})"
+        scope = self.qualname()
+        self.found.append((a, b, text, node.lineno, scope, self.target, self.stmt_line))
+
+    def add_between(self, left: ast.AST, right: ast.AST, old: str, new: str) -> bool:
+        """Replace the operator token between two operands (keeps the rest of the text as is)."""
+        a = self.span(left)[1]
+        b = self.span(right)[0]
+        mid = self.src[a:b].decode()
+        import re
+
+        pat = re.compile(r"(?<![\w<>=!])" + re.escape(old) + r"(?![\w<>=])" if old[0].isalpha() else
+                         r"(?<![<>=!*/+\-&|^%])" + re.escape(old) + r"(?![<>=*/])")
+        hits = [m for m in pat.finditer(mid) if "#" not in mid[: m.start()]]
+        if len(hits) != 1:
+            return False
+        m = hits[0]
+        scope = self.qualname()
+        lineno = self.src[: a + m.start()].count(b"\n") + 1
+        self.found.append((a + len(mid[: m.start()].encode()), a + len(mid[: m.end()].encode()), new, lineno, scope,
+                           self.target, self.stmt_line))
+        return True
+
+    # -- traversal
+    def generic_visit(self, node: ast.AST) -> None:
+        self.parents.append(node)
+        super().generic_visit(node)
+        self.parents.pop()
+
+    def visit_Module(self, node: ast.Module) -> None:
+        for i, stmt in enumerate(node.body):
+            self.top_index = i
+            self.visit_body_stmt(stmt, first=(i == 0))
+
+    def visit_body_stmt(self, stmt: ast.stmt, first: bool = False) -> None:
+        if first and isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str):
+            return  # docstring
+        if isinstance(stmt, ast.If) and _is_type_checking(stmt.test):
+            return
+        old = self.stmt_line
+        self.stmt_line = stmt.lineno
+        self.visit(stmt)
+        self.stmt_line = old
+
+    def _body(self, stmts: list[ast.stmt]) -> None:
+        for i, s in enumerate(stmts):
+            self.visit_body_stmt(s, first=(i == 0))
+
+    def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        for d in node.decorator_list:
+            self.visit(d)
+        for d in node.args.defaults + [d for d in node.args.kw_defaults if d is not None]:
+            self.visit(d)
+        self.scope.append(node.name)
+        old_target = self.target
+        if self.target is None:  # reachable from the module through classes: a live function
+            self.target = self.qualname()
+        self.scope.append("<locals>")
+        self.parents.append(node)
+        self._body(node.body)
+        self.parents.pop()
+        self.scope.pop()
+        self.scope.pop()
+        self.target = old_target
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+    def visit_ClassDef(self, node: ast.ClassDef) -> None:
+        for d in node.decorator_list + node.bases + [k.value for k in node.keywords]:
+            self.visit(d)
+        self.scope.append(node.name)
+        self.parents.append(node)
+        self._body(node.body)
+        self.parents.pop()
+        self.scope.pop()
+
+    def visit_Lambda(self, node: ast.Lambda) -> None:
+        for d in node.args.defaults:
+            self.visit(d)
+        self.parents.append(node)
+        self.visit(node.body)
+        self.parents.pop()
+
+    def _visit_stmts_in(self, node: ast.AST) -> None:
+        # Compound statements: their headers are visited with this line, bodies per statement.
+        self.parents.append(node)
+        for name, value in ast.iter_fields(node):
+            if isinstance(value, list) and value and isinstance(value[0], ast.stmt):
+                self._body(value)
+            elif isinstance(value, list):
+                for v in value:
+                    if isinstance(v, ast.AST):
+                        self.visit(v)
+            elif isinstance(value, ast.AST):
+                self.visit(value)
+        self.parents.pop()
+
+    def visit_If(self, node: ast.If) -> None:
+        self._cond(node.test)
+        self._visit_stmts_in(node)
+
+    def visit_While(self, node: ast.While) -> None:
+        self._cond(node.test)
+        self._visit_stmts_in(node)
+
+    def visit_IfExp(self, node: ast.IfExp) -> None:
+        self._cond(node.test)
+        self.generic_visit(node)
+
+    def visit_Assert(self, node: ast.Assert) -> None:
+        self._cond(node.test)
+        self.visit(node.test)  # the message is not mutated
+
+    def _cond(self, test: ast.expr) -> None:
+        if not isinstance(test, (ast.Compare, ast.BoolOp)) and not (isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not)):
+            self.add(test, f"not {self.seg(test)}")
+
+    visit_For = visit_AsyncFor = visit_With = visit_AsyncWith = visit_Try = _visit_stmts_in
+    visit_TryStar = visit_Match = visit_match_case = visit_ExceptHandler = _visit_stmts_in
+
+    def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
+        if node.value is not None:
+            self.visit(node.value)
+
+    def visit_arg(self, node: ast.arg) -> None:  # annotations
+        return
+
+    def visit_JoinedStr(self, node: ast.JoinedStr) -> None:
+        for v in node.values:
+            if isinstance(v, ast.FormattedValue):
+                self.visit(v.value)
+
+    def visit_Expr(self, node: ast.Expr) -> None:
+        if isinstance(node.value, (ast.Call, ast.Await)):
+            self.add(node, "pass", paren=False)
+        self.generic_visit(node)
+
+    def visit_Raise(self, node: ast.Raise) -> None:
+        self.add(node, "pass", paren=False)
+        if node.exc is not None and isinstance(node.exc, ast.Call):
+            self.visit(node.exc.func)  # the message text is not mutated
+
+    def visit_Return(self, node: ast.Return) -> None:
+        if node.value is not None and not (isinstance(node.value, ast.Constant) and node.value.value is None):
+            self.add(node, "return None", paren=False)
+        self.generic_visit(node)
+
+    def visit_Break(self, node: ast.Break) -> None:
+        self.add(node, "continue", paren=False)
+
+    def visit_Continue(self, node: ast.Continue) -> None:
+        self.add(node, "break", paren=False)
+
+    def visit_Call(self, node: ast.Call) -> None:
+        name = node.func.id if isinstance(node.func, ast.Name) else node.func.attr if isinstance(node.func, ast.Attribute) else ""
+        message = name.endswith(_MESSAGE_SUFFIXES)
+        if isinstance(node.func, ast.Name) and node.func.id in _NAME_SWAP:
+            self.add(node.func, _NAME_SWAP[node.func.id], paren=False)
+        else:
+            self.visit(node.func)
+        for a in node.args:
+            if message and isinstance(a, ast.Constant) and isinstance(a.value, str):
+                continue
+            self.visit(a)
+        for k in node.keywords:
+            if k.arg is not None:
+                a, b = self.span(k)
+                scope = self.qualname()
+                # Drop the keyword (and the comma before or after it).
+                src = self.src
+                left = a
+                while left > 0 and src[left - 1:left] in b" \t\n":
+                    left -= 1
+                right = b
+                while right < len(src) and src[right:right + 1] in b" \t\n":
+                    right += 1
+                if src[left - 1:left] == b",":
+                    self.found.append((left - 1, b, "", k.lineno, scope, self.target, self.stmt_line))
+                elif src[right:right + 1] == b",":
+                    self.found.append((a, right + 1, "", k.lineno, scope, self.target, self.stmt_line))
+            self.visit(k.value)
+
+    def visit_Compare(self, node: ast.Compare) -> None:
+        left = node.left
+        for op, right in zip(node.ops, node.comparators):
+            new = _CMP_SWAP.get(type(op))
+            if new is not None:
+                if not self.add_between(left, right, _op_text(op), _op_text(new())):
+                    self.add(node, ast.unparse(_swap_one(node, op, new())))
+            left = right
+        self.generic_visit(node)
+
+    def visit_BinOp(self, node: ast.BinOp) -> None:
+        new = _BIN_SWAP.get(type(node.op))
+        if new is not None and not _is_str_format(node):
+            if not self.add_between(node.left, node.right, _op_text(node.op), _op_text(new())):
+                self.add(node, ast.unparse(ast.BinOp(node.left, new(), node.right)))
+        self.generic_visit(node)
+
+    def visit_AugAssign(self, node: ast.AugAssign) -> None:
+        new = _BIN_SWAP.get(type(node.op))
+        if new is not None:
+            if not self.add_between(node.target, node.value, _op_text(node.op) + "=", _op_text(new()) + "="):
+                self.add(node, ast.unparse(ast.AugAssign(node.target, new(), node.value)), paren=False)
+        self.generic_visit(node)
+
+    def visit_BoolOp(self, node: ast.BoolOp) -> None:
+        new = ast.Or() if isinstance(node.op, ast.And) else ast.And()
+        self.add(node, ast.unparse(ast.BoolOp(new, node.values)))
+        self.generic_visit(node)
+
+    def visit_UnaryOp(self, node: ast.UnaryOp) -> None:
+        if isinstance(node.op, (ast.Not, ast.Invert)):
+            self.add(node, self.seg(node.operand))
+        elif isinstance(node.op, ast.USub) and not isinstance(node.operand, ast.Constant):
+            self.add(node, self.seg(node.operand))
+        self.generic_visit(node)
+
+    def visit_Constant(self, node: ast.Constant) -> None:
+        v = node.value
+        if isinstance(v, bool):
+            self.add(node, repr(not v), paren=False)
+        elif isinstance(v, int):
+            self.add(node, repr(v + 1))
+        elif isinstance(v, float):
+            self.add(node, repr(v + 1.0))
+        elif isinstance(v, (str, bytes)):
+            if self.parents and isinstance(self.parents[-1], ast.JoinedStr):
+                return
+            mark = "XX" if isinstance(v, str) else b"XX"
+            self.add(node, repr(mark + v + mark), paren=False)
+
+    def visit_Slice(self, node: ast.Slice) -> None:
+        self.generic_visit(node)
+
+    def visit_Subscript(self, node: ast.Subscript) -> None:
+        self.generic_visit(node)
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _is_str_format(node: ast.BinOp) -> bool:
+    return isinstance(node.op, ast.Mod) and isinstance(node.left, ast.Constant) and isinstance(node.left.value, str)
+
+
+def _op_text(op: ast.AST) -> str:
+    return {ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==", ast.NotEq: "!=", ast.In: "in",
+            ast.NotIn: "not in", ast.Is: "is", ast.IsNot: "is not", ast.Add: "+", ast.Sub: "-", ast.Mult: "*",
+            ast.Div: "/", ast.FloorDiv: "//", ast.Mod: "%", ast.Pow: "**", ast.LShift: "<<", ast.RShift: ">>",
+            ast.BitAnd: "&", ast.BitOr: "|", ast.BitXor: "^"}[type(op)]
+
+
+def _swap_one(node: ast.Compare, op: ast.cmpop, new: ast.cmpop) -> ast.Compare:
+    ops = [new if o is op else o for o in node.ops]
+    return ast.Compare(node.left, ops, node.comparators)
+
+
+def find_mutants(path: Path) -> list[Mutant]:
+    """Every mutant of one module, in source order, each one compiling."""
+    source = path.read_bytes()
+    tree = ast.parse(source)
+    f = _Finder(source, tree)
+    f.visit(tree)
+    out: list[Mutant] = []
+    seen: dict[str, int] = {}
+    text_lines = source.decode().split("\n")
+    top_starts = [s.lineno for s in tree.body]
+    for a, b, text, line, scope, target, stmt_line in sorted(set(f.found), key=lambda t: (t[0], t[1], t[2])):
+        mutated = source[:a] + text.encode() + source[b:]
+        try:
+            new_tree = ast.parse(mutated)
+        except SyntaxError:
+            continue
+        if len(new_tree.body) != len(tree.body):
+            continue
+        if ast.dump(new_tree) == ast.dump(tree):
+            continue
+        first = source[:a].count(b"\n")
+        new_lines = mutated.decode().split("\n")
+        old = text_lines[first].strip()
+        new = new_lines[first].strip() if first < len(new_lines) else ""
+        if old == new:  # the change is on a later line of a multi-line node
+            for i in range(first, len(text_lines)):
+                if i >= len(new_lines) or text_lines[i] != new_lines[i]:
+                    old, new = text_lines[i].strip(), (new_lines[i].strip() if i < len(new_lines) else "")
+                    break
+        top = max(i for i, s in enumerate(top_starts) if s <= line) if line >= top_starts[0] else 0
+        key = f"{scope} | {old} => {new}"
+        seen[key] = seen.get(key, 0) + 1
+        if seen[key] > 1:
+            key = f"{key} #{seen[key]}"
+        out.append(Mutant(len(out) + 1, line, stmt_line, scope, target, top, old, new, a, b, text, key))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Applying a mutant inside the worker
+
+
+def _module_name(path: Path) -> str:
+    return ".".join(path.resolve().relative_to(ROOT).with_suffix("").parts)
+
+
+def _future_flags(tree: ast.Module) -> int:
+    flags = 0
+    for s in tree.body:
+        if isinstance(s, ast.ImportFrom) and s.module == "__future__":
+            for a in s.names:
+                flags |= getattr(future_flags, a.name).compiler_flag
+    return flags
+
+
+def _codes(code, out: dict) -> dict:
+    for c in code.co_consts:
+        if hasattr(c, "co_qualname"):
+            out.setdefault(c.co_qualname, c)
+            _codes(c, out)
+    return out
+
+
+def _live_function(mod, qualname: str):
+    """The function object of ``qualname`` in the imported module (methods, static and class
+    methods, properties and wrapped functions included)."""
+    parts = qualname.split(".")
+    obj = mod
+    for p in parts[:-1]:
+        obj = obj.__dict__[p] if isinstance(obj, type) else getattr(obj, p)
+    raw = obj.__dict__[parts[-1]] if isinstance(obj, type) else getattr(obj, parts[-1])
+    cands = [raw]
+    for attr in ("__func__", "fget", "fset", "fdel", "__wrapped__"):
+        if getattr(raw, attr, None) is not None:
+            cands.append(getattr(raw, attr))
+    for c in cands:
+        while True:
+            if getattr(c, "__code__", None) is not None and c.__code__.co_qualname == qualname:
+                return c
+            c = getattr(c, "__wrapped__", None)
+            if c is None:
+                break
+    raise LookupError(qualname)
+
+
+class Applier:
+    """Swaps one mutant's code into the imported module, and back."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path.resolve()
+        self.name = _module_name(path)
+        self.source = self.path.read_bytes()
+        self.tree = ast.parse(self.source)
+        self.flags = _future_flags(self.tree)
+        self.undo: list = []
+
+    def apply(self, m: Mutant) -> bool:
+        """Returns False when the change could not be put in place (nothing is changed then)."""
+        mod = importlib.import_module(self.name)
+        mutated = self.source[: m.start] + m.text.encode() + self.source[m.end:]
+        if m.target is not None:
+            code = compile(mutated, str(self.path), "exec", flags=self.flags, dont_inherit=True)
+            new = _codes(code, {}).get(m.target)
+            fn = _live_function(mod, m.target)
+            if new is None or new.co_freevars != fn.__code__.co_freevars:
+                return False
+            self.undo.append((setattr, fn, "__code__", fn.__code__))
+            fn.__code__ = new
+        else:
+            tree = ast.parse(mutated)
+            stmt = tree.body[m.top_index]
+            code = compile(ast.Module([stmt], []), str(self.path), "exec", flags=self.flags, dont_inherit=True)
+            changed = self._exec_statement(mod, stmt, code)
+            if not changed:
+                return False
+        _clear_caches(mod)
+        return True
+
+    def _exec_statement(self, mod, stmt: ast.stmt, code) -> bool:
+        g = mod.__dict__
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            scratch = dict(g)
+            exec(code, scratch)
+            return self._merge(g[stmt.name], scratch[stmt.name])
+        # Any other statement rebinds names in the module itself (it may refer to the module's
+        # own classes and functions, which must stay the same objects).
+        before = dict(g)
+        exec(code, g)
+        changed = False
+        for k, v in list(g.items()):
+            if k not in before:
+                self.undo.append((g.pop, k))
+                changed = True
+            elif v is not before[k]:
+                old = before[k]
+                if isinstance(old, type) or callable(old) and hasattr(old, "__code__"):
+                    g[k] = old
+                    changed |= self._merge(old, v)
+                else:
+                    self.undo.append((g.__setitem__, k, old))
+                    changed |= not _same(old, v)
+        return changed
+
+    def _merge(self, old, new) -> bool:
+        """Patch the live ``old`` (function or class) with what differs in ``new``."""
+        changed = False
+        if isinstance(old, type) and isinstance(new, type):
+            for k, v in new.__dict__.items():
+                if k in ("__dict__", "__weakref__", "__doc__", "__module__", "__qualname__", "__dataclass_fields__",
+                         "__dataclass_params__", "__match_args__", "__annotations__", "__hash__", "__slots__"):
+                    continue
+                if k not in old.__dict__:
+                    continue
+                ov = old.__dict__[k]
+                if _funcs(ov) and _funcs(v):
+                    for fo, fn in zip(_funcs(ov), _funcs(v)):
+                        changed |= self._merge(fo, fn)
+                elif isinstance(v, type) and isinstance(ov, type):
+                    changed |= self._merge(ov, v)
+                elif not _same(ov, v):
+                    self.undo.append((setattr, old, k, ov))
+                    setattr(old, k, v)
+                    changed = True
+            return changed
+        fo, fn = _unwrap(old), _unwrap(new)
+        if fo is None or fn is None:
+            return False
+        for attr in ("__code__", "__defaults__", "__kwdefaults__"):
+            a, b = getattr(fo, attr), getattr(fn, attr)
+            if not _same(a, b):
+                if attr == "__code__" and a.co_freevars != b.co_freevars:
+                    continue
+                self.undo.append((setattr, fo, attr, a))
+                setattr(fo, attr, b)
+                changed = True
+        return changed
+
+    def restore(self) -> None:
+        while self.undo:
+            f, *args = self.undo.pop()
+            f(*args)
+        mod = sys.modules.get(self.name)
+        if mod is not None:
+            _clear_caches(mod)
+
+
+def _unwrap(f):
+    while f is not None and not hasattr(f, "__code__"):
+        f = getattr(f, "__wrapped__", None) or getattr(f, "__func__", None)
+    return f
+
+
+def _funcs(v) -> list:
+    if isinstance(v, property):
+        return [f for f in (v.fget, v.fset, v.fdel) if f is not None]
+    f = _unwrap(v) if (callable(v) or isinstance(v, (staticmethod, classmethod))) else None
+    return [f] if f is not None and hasattr(f, "__code__") else []
+
+
+def _same(a, b) -> bool:
+    if a is b:
+        return True
+    if hasattr(a, "co_code") and hasattr(b, "co_code"):
+        return a == b
+    if type(a) is not type(b):
+        return False
+    try:
+        return bool(a == b) and repr(a) == repr(b)
+    except Exception:
+        return False
+
+
+def _clear_caches(mod) -> None:
+    for v in list(vars(mod).values()):
+        targets = [v] + ([x for x in vars(v).values()] if isinstance(v, type) else [])
+        for t in targets:
+            clear = getattr(t, "cache_clear", None)
+            if callable(clear) and isinstance(t, functools._lru_cache_wrapper):
+                clear()
+
+
+# ---------------------------------------------------------------------------------------------
+# The worker: runs pytest in-process, answers one JSON line per request
+
+
+class _Recorder:
+    """pytest plugin: the lines of the target file each test executes, its duration and the
+    first failing test."""
+
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+        self.lines: dict[str, set[int]] = {}
+        self.durations: dict[str, float] = {}
+        self.current: set[int] | None = None
+        self.failed: str | None = None
+        self.outcomes: dict[str, str] = {}
+
+    def _trace(self, frame, event, arg):
+        if frame.f_code.co_filename != self.path:
+            return None
+        cur = self.current
+
+        def local(frame, event, arg):
+            if event == "line" and cur is not None:
+                cur.add(frame.f_lineno)
+            return local
+
+        if cur is not None:
+            cur.add(frame.f_lineno)
+        return local
+
+    def pytest_runtest_setup(self, item) -> None:
+        if self.path:
+            self.current = self.lines.setdefault(item.nodeid, set())
+            sys.settrace(self._trace)
+            import threading
+
+            threading.settrace(self._trace)
+
+    def pytest_runtest_teardown(self, item, nextitem) -> None:
+        pass
+
+    def pytest_runtest_logreport(self, report) -> None:
+        self.durations[report.nodeid] = self.durations.get(report.nodeid, 0.0) + report.duration
+        if report.failed and self.failed is None:
+            self.failed = report.nodeid
+        if report.when == "call" or report.failed:
+            self.outcomes[report.nodeid] = report.outcome
+        if report.when == "teardown" and self.path:
+            sys.settrace(None)
+            import threading
+
+            threading.settrace(None)
+            self.current = None
+
+
+def _pytest(args: list[str], recorder: _Recorder, basetemp: Path) -> int:
+    import pytest
+
+    opts = ["-q", "-x", "-p", "no:cacheprovider", "-o", "addopts=", "--no-header", "-p", "no:warnings",
+            f"--basetemp={basetemp}", "--rootdir", str(ROOT)]
+    return int(pytest.main(opts + args, plugins=[recorder]))
+
+
+def worker(module: str) -> None:
+    """Reads requests on stdin, one JSON object a line; answers on the original stdout."""
+    out = os.fdopen(os.dup(1), "w", buffering=1)
+    log = open(os.environ.get("DS4_MUTATE_LOG", os.devnull), "a")
+    os.dup2(log.fileno(), 1)
+    os.dup2(log.fileno(), 2)
+    os.chdir(ROOT)
+    sys.path.insert(0, str(ROOT))
+    from hypothesis import HealthCheck, settings
+
+    # Same examples every run (a score that does not move by chance), nothing written to the
+    # tree's .hypothesis folder, no timing-based failures on a loaded machine.
+    settings.register_profile("mutate", database=None, deadline=None, derandomize=True,
+                              suppress_health_check=list(HealthCheck))
+    settings.load_profile("mutate")
+    applier = Applier(ROOT / module)
+    basetemp = Path(tempfile.mkdtemp(prefix="ds4-mutate-"))
+    for line in sys.stdin:
+        req = json.loads(line)
+        if req["op"] == "baseline":
+            rec = _Recorder(str(applier.path) if req.get("trace") else None)
+            t = time.monotonic()
+            rc = _pytest(req["tests"], rec, basetemp)
+            out.write(json.dumps({"rc": rc, "time": time.monotonic() - t, "failed": rec.failed,
+                                  "lines": {k: sorted(v) for k, v in rec.lines.items()},
+                                  "durations": rec.durations, "outcomes": rec.outcomes}) + "\n")
+        elif req["op"] == "mutant":
+            m = Mutant(**req["mutant"])
+            rec = _Recorder(None)
+            try:
+                ok = applier.apply(m)
+            except Exception as e:  # noqa: BLE001 - reported, not raised
+                applier.restore()
+                out.write(json.dumps({"status": "not applied", "why": f"{type(e).__name__}: {e}"}) + "\n")
+                continue
+            if not ok:
+                applier.restore()
+                out.write(json.dumps({"status": "not applied", "why": "nothing changed in the live module"}) + "\n")
+                continue
+            try:
+                rc = _pytest(req["tests"], rec, basetemp)
+            finally:
+                applier.restore()
+            status = {0: "survived", 1: "killed"}.get(rc, "error")
+            if rc == 2 and rec.failed:  # an error while collecting or setting up counts as a failure
+                status = "killed"
+            out.write(json.dumps({"status": status, "rc": rc, "failed": rec.failed}) + "\n")
+    out.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# The driver
+
+
+class Worker:
+    def __init__(self, module: str, log: Path) -> None:
+        env = dict(os.environ, DS4_MUTATE_LOG=str(log), PYTHONDONTWRITEBYTECODE="1")
+        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--worker", module],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
+                                     start_new_session=True)
+
+    def ask(self, req: dict, timeout: float) -> dict | None:
+        assert self.proc.stdin and self.proc.stdout
+        self.proc.stdin.write(json.dumps(req) + "\n")
+        self.proc.stdin.flush()
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        if not ready:
+            return None
+        line = self.proc.stdout.readline()
+        return json.loads(line) if line else {"status": "crashed"}
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+
+
+def load_config() -> dict:
+    with open(CONFIG, "rb") as f:
+        return tomllib.load(f)
+
+
+def run(module: str, args: argparse.Namespace) -> int:
+    cfg = load_config()
+    mcfg = cfg["modules"].get(module)
+    if mcfg is None:
+        print(f"mutate: {module} is not in {CONFIG.relative_to(ROOT)}; known: {', '.join(cfg['modules'])}", file=sys.stderr)
+        return 2
+    equivalent = {e["mutant"]: e["why"] for e in cfg.get("equivalent", []) if e["module"] == module}
+    mutants = find_mutants(ROOT / module)
+    if args.scope:
+        mutants = [m for m in mutants if m.scope == args.scope or m.scope.startswith(args.scope + ".")]
+    if args.only:
+        want = {int(x) for x in args.only.split(",")}
+        mutants = [m for m in mutants if m.n in want]
+    if args.list:
+        for m in mutants:
+            print(f"{m.n:4d} L{m.line:<5d} {m.key}")
+        print(f"{len(mutants)} mutants")
+        return 0
+    tests = mcfg["tests"]
+    logdir = Path(tempfile.mkdtemp(prefix="ds4-mutate-log-"))
+    log = logdir / "worker.log"
+    w = Worker(module, log)
+    t0 = time.monotonic()
+    base = w.ask({"op": "baseline", "tests": tests, "trace": True}, 3600)
+    if base is None or base.get("rc") != 0:
+        print(f"mutate: the tests fail without any mutant (see {log})", file=sys.stderr)
+        w.kill()
+        return 2
+    durations = base["durations"]
+    lines = {k: set(v) for k, v in base["lines"].items()}
+    order = sorted(durations, key=lambda k: durations[k])
+    ran_tests = [k for k in order if base["outcomes"].get(k) == "passed"]
+    print(f"{module}: {len(mutants)} mutants, {len(ran_tests)} tests ({base['time']:.0f} s traced)", flush=True)
+    results: dict[int, dict] = {}
+    since_check: list[Mutant] = []
+    queue = list(mutants)
+    while queue:
+        m = queue.pop(0)
+        if m.target is None:
+            sel = ran_tests
+        else:
+            sel = [k for k in ran_tests if m.stmt_line in lines.get(k, ()) or m.line in lines.get(k, ())]
+        if not sel:
+            results[m.n] = {"status": "no coverage"}
+        else:
+            budget = 30 + 4 * sum(durations[k] for k in sel)
+            r = w.ask({"op": "mutant", "mutant": asdict(m), "tests": sel}, budget)
+            if r is None or r.get("status") == "crashed":
+                w.kill()
+                r = {"status": "timeout" if r is None else "crashed"}
+                w = Worker(module, log)
+            results[m.n] = r
+            since_check.append(m)
+        st = results[m.n]["status"]
+        if m.key in equivalent and st in ("survived", "no coverage"):
+            results[m.n]["status"] = st = "equivalent"
+        if args.verbose or st in ("survived", "no coverage", "error", "not applied"):
+            print(f"  {m.n:4d} L{m.line:<5d} {st:<11s} {m.key}" + (f"  ({results[m.n].get('why')})" if st == "not applied" else ""),
+                  flush=True)
+        # Every so often the unmutated tests must still pass in this worker: a mutant must not
+        # leave state behind that makes later ones look killed.
+        if len(since_check) >= args.check_every or (not queue and since_check):
+            chk = w.ask({"op": "baseline", "tests": ran_tests}, 3600)
+            if chk is None or chk.get("rc") != 0:
+                print(f"  worker state went bad after mutant {m.n} (failed: {chk and chk.get('failed')}); "
+                      f"rerunning {len(since_check)} mutants in a fresh worker", flush=True)
+                w.kill()
+                w = Worker(module, log)
+                if args.check_every <= 1:
+                    return 2
+                queue = since_check + queue
+                args.check_every = max(1, args.check_every // 4)
+            since_check = []
+    w.kill()
+    counts: dict[str, int] = {}
+    for r in results.values():
+        counts[r["status"]] = counts.get(r["status"], 0) + 1
+    killed = counts.get("killed", 0) + counts.get("timeout", 0) + counts.get("crashed", 0)
+    judged = sum(counts.values()) - counts.get("equivalent", 0) - counts.get("not applied", 0)
+    score = 100.0 * killed / judged if judged else 100.0
+    print(f"{module}: score {score:.1f}% ({killed} killed of {judged}; " +
+          ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) + f") in {time.monotonic() - t0:.0f} s")
+    stale = sorted(set(equivalent) - {m.key for m in mutants})
+    if stale and not (args.only or args.scope):
+        print(f"  {len(stale)} equivalents in mutation.toml match no mutant any more:")
+        for k in stale:
+            print(f"    {k}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"module": module, "score": score, "counts": counts, "mutants": [
+            dict(asdict(m), **results[m.n]) for m in mutants]}, indent=1))
+    return 0 if score >= args.fail_under else 1
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description="Mutation testing of one module against its fast tests.")
+    ap.add_argument("module", nargs="?", help="e.g. ds4agent/engine/sampler.py")
+    ap.add_argument("--worker", metavar="MODULE", help=argparse.SUPPRESS)
+    ap.add_argument("--modules", action="store_true", help="list the configured modules and their tests")
+    ap.add_argument("--list", action="store_true", help="list the mutants without running anything")
+    ap.add_argument("--only", help="comma-separated mutant numbers")
+    ap.add_argument("--scope", help="only mutants inside this function or class (qualname)")
+    ap.add_argument("--json", help="write every mutant and its result to this file")
+    ap.add_argument("--check-every", type=int, default=40, help="rerun the unmutated tests every N mutants")
+    ap.add_argument("--fail-under", type=float, default=90.0, help="exit 1 below this score (percent)")
+    ap.add_argument("-v", "--verbose", action="store_true", help="print every mutant's result")
+    args = ap.parse_args()
+    if args.worker:
+        worker(args.worker)
+        return 0
+    if args.modules:
+        for name, m in load_config()["modules"].items():
+            print(f"{name}: {' '.join(m['tests'])}")
+        return 0
+    if not args.module:
+        ap.error("name a module (see --modules)")
+    module = Path(args.module).resolve().relative_to(ROOT).as_posix() if Path(args.module).exists() else args.module
+    return run(module, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
