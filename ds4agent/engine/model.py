@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import mlx.core as mx
 import numpy as np
@@ -35,6 +36,21 @@ ROUTE_WEIGHT_FLOOR = 6.103515625e-5  # 2^-14: floor of the sum of selected route
 @dataclass(frozen=True)
 class Options:
     qat_sim: bool = True  # FP8/FP4 KV simulation and f16 cache rounding (the model's own numerics)
+
+
+@dataclass(frozen=True)
+class Part:
+    """The share of every layer one process of an expert split computes (docs/model.md §10.2;
+    engine/split.py chooses it). Everything else (norms, hyper-connections, the KV projection,
+    compressors, indexer, router) is computed in full by every process, so their KV states are
+    equal and every discrete choice (experts, indexer rows) is made alike."""
+
+    groups: tuple[int, int]  # attention output groups [g0, g1), with their heads
+    shared: tuple[int, int]  # columns of the shared expert's intermediate (its gate/up rows)
+    experts: tuple[int, int]  # routed experts [e0, e1)
+    vocab: tuple[int, int]  # rows of the output head
+    reduce: Callable[[Any], Any]  # the sum over all processes of their partial outputs
+    gather: Callable[[Any], Any]  # logit columns of every process, side by side, in rank order
 
 
 # -- compressor ---------------------------------------------------------------------------------
@@ -88,8 +104,10 @@ def compressor_step(fr: Frontier, ratio: int, n0: int, kv: mx.array, score: mx.a
 # -- the model ----------------------------------------------------------------------------------
 
 class Model:
-    def __init__(self, weights: Weights, options: Options = Options(), kernels: Kernels | None = None) -> None:
+    def __init__(self, weights: Weights, options: Options = Options(), kernels: Kernels | None = None,
+                 part: Part | None = None) -> None:
         self.w = weights
+        self.part = part
         self.cfg = weights.cfg
         self.opt = options
         self.rope = Rope(self.cfg)
@@ -111,24 +129,40 @@ class Model:
     def forward(self, ids: np.ndarray, state: ModelState, all_logits: bool = False) -> mx.array:
         """Run tokens ``ids`` (positions state.n_tokens ...) and return logits for the last
         token (V,) or for every token (T, V); ``state`` advances in place."""
-        cfg = self.cfg
         ids = np.asarray(ids, dtype=np.int64)
+        X = self.layers(self.embed(ids), ids, state, range(self.cfg.n_layer))
+        self.advance(state, len(ids))
+        return self.head(X, all_logits)
+
+    # A pipeline stage (engine/distributed.py) runs the same pieces: embed on the first stage,
+    # ``layers`` over its own range, ``head`` on the last; ``advance`` on every stage.
+    def embed(self, ids: np.ndarray):
+        """The hidden streams (T, hc, E) of tokens ``ids``: each token's embedding row, hc times."""
+        cfg, xp = self.cfg, self.xp
+        e = xp.array(self.w.embed(np.asarray(ids, dtype=np.int64)))
+        return xp.broadcast_to(e[:, None, :], (len(ids), cfg.hc_count, cfg.n_embd))
+
+    def layers(self, X, ids: np.ndarray, state: ModelState, layers: range):
+        """Streams X of tokens ``ids`` (positions state.n_tokens ...) through ``layers``,
+        advancing their states; state.n_tokens is left to ``advance``."""
+        xp = self.xp
         T = len(ids)
         p0 = state.n_tokens
         pos = np.arange(p0, p0 + T)
-        xp = self.xp
         state.use(xp)
         tables = {c: self.rope.tables(pos, c, xp) for c in (False, True)}
-        e = xp.array(self.w.embed(ids))
-        X = xp.broadcast_to(e[:, None, :], (T, cfg.hc_count, cfg.n_embd))
-        for i in range(cfg.n_layer):
+        for i in layers:
             X = self._layer(i, X, ids, pos, tables, state.layers[i], p0)
             xp.eval(X)  # one layer's graph at a time keeps peak memory to a layer's temporaries
-        state.n_tokens = p0 + T
-        xp.eval(*state.arrays())
-        if all_logits:
-            return self._head(X)
-        return self._head(X[-1:])[0]
+        return X
+
+    def advance(self, state: ModelState, T: int) -> None:
+        state.n_tokens += T
+        self.xp.eval(*state.arrays())
+
+    def head(self, X, all_logits: bool = False):
+        """Logits of the last token (V,), or of every token (T, V)."""
+        return self._head(X) if all_logits else self._head(X[-1:])[0]
 
     def _layer(self, i: int, X, ids, pos, tables, st: LayerState, p0: int) -> mx.array:
         w = self.param
@@ -156,8 +190,15 @@ class Model:
         names += ["indexer.proj"] if index else []
         pa = dict(zip(names, self.k.linears(a, tuple(p + n + ".weight" for n in names))))
         qr = rmsn(pa["attn_q_a"], w(p + "attn_q_a_norm.weight"))
-        pq = self.k.linears(qr, (p + "attn_q_b.weight",) + ((p + "indexer.attn_q_b.weight",) if index else ()))
-        q = self.k.queries(pq[0], cos, sin)  # (H, T, D)
+        part = self.part
+        if part is None:
+            pq = self.k.linears(qr, (p + "attn_q_b.weight",) + ((p + "indexer.attn_q_b.weight",) if index else ()))
+            h0, h1 = 0, cfg.n_head
+        else:  # this process's heads: their rows of attn_q_b; the indexer's query in full
+            h0, h1 = (g * (cfg.n_head // cfg.n_out_group) for g in part.groups)
+            D = cfg.head_dim
+            pq = [self.k.linear(qr, p + "attn_q_b.weight", (h0 * D, h1 * D)) if h1 > h0 else None]
+            pq += [self.k.linear(qr, p + "indexer.attn_q_b.weight")] if index else []
         kv = rmsn(pa["attn_kv"], w(p + "attn_kv_a_norm.weight"))
         kv = self._finish_kv(fused(Rope.apply, R)(kv, cos, sin))
 
@@ -185,13 +226,25 @@ class Model:
                 cvis &= selected
             mask = np.concatenate([visible, cvis], axis=1)
         st.raw = xp.concatenate([st.raw, kv], axis=0)[-cfg.sliding_window :]
+        if h1 == h0:  # an expert-split process with no heads (more processes than groups)
+            return self.part.reduce(xp.zeros((T, cfg.n_embd), xp.float32))
 
-        out = self.k.attend(q, keys, mask, w(p + "attn_sinks.weight"))  # (H, T, D): K = V
+        q = self.k.queries(pq[0], cos, sin)  # (H, T, D), this process's heads
+        sinks = w(p + "attn_sinks.weight")
+        out = self.k.attend(q, keys, mask, sinks if part is None else sinks[h0:h1])  # (H, T, D): K = V
 
         # Grouped projection: group g = contiguous heads, through rows g·rank..(g+1)·rank of
         # attn_output_a; not one big matmul over all heads.
-        low = self.k.grouped(self.k.unrotate(out, cos, sin), p + "attn_output_a.weight")
-        return lin(low, p + "attn_output_b.weight")
+        slabs = self.k.unrotate(out, cos, sin)
+        if part is None:
+            return lin(self.k.grouped(slabs, p + "attn_output_a.weight"), p + "attn_output_b.weight")
+        # Groups g0..g1: their rows of attn_output_a, then their columns of attn_output_b; the
+        # partial outputs of all processes sum to the whole projection.
+        g0, g1 = part.groups
+        rank = cfg.o_lora_rank
+        low = xp.concatenate([lin(slabs[:, g - g0], p + "attn_output_a.weight", (g * rank, (g + 1) * rank))
+                              for g in range(g0, g1)], axis=-1)
+        return part.reduce(lin(low, p + "attn_output_b.weight", None, (g0 * rank, g1 * rank)))
 
     def _finish_kv(self, rows: mx.array) -> mx.array:
         """KV cache rounding: FP8 on the non-RoPE dims, then f16 (docs/model.md §3.4c)."""
@@ -251,7 +304,14 @@ class Model:
     def _ffn(self, i: int, x: mx.array, ids: np.ndarray) -> mx.array:
         cfg, w, p, xp = self.cfg, self.param, f"blk.{i}.", self.xp
         f = fused(norm, cfg.rms_eps)(x, w(p + "ffn_norm.weight"))
-        logits, g, u = self.k.linears(f, tuple(p + n + ".weight" for n in ("ffn_gate_inp", "ffn_gate_shexp", "ffn_up_shexp")))
+        part = self.part
+        if part is None:
+            logits, g, u = self.k.linears(f, tuple(p + n + ".weight" for n in ("ffn_gate_inp", "ffn_gate_shexp", "ffn_up_shexp")))
+        else:  # the router in full; this process's rows of the shared expert
+            logits = self.k.linear(f, p + "ffn_gate_inp.weight")
+            c0, c1 = part.shared
+            g, u = (self.k.linear(f, p + n, (c0, c1)) if c1 > c0 else None
+                    for n in ("ffn_gate_shexp.weight", "ffn_up_shexp.weight"))
         # sqrt(softplus), ds4's piecewise form; exp of at most 20 (never overflows in numpy).
         ex = xp.exp(xp.minimum(logits, 20.0))
         prob = xp.sqrt(xp.where(logits > 20, logits, xp.where(logits < -20, ex, xp.log1p(ex))))
@@ -267,9 +327,31 @@ class Model:
         weights = chosen * cfg.expert_weights_scale  # (T, k)
 
         clamp = cfg.swiglu_clamp[i]
-        routed = self.k.experts(i, f, sel, weights, clamp)
-        shared = self.k.linear(swiglu(g, u, clamp), p + "ffn_down_shexp.weight")
-        return routed + shared
+        if part is None:
+            routed = self.k.experts(i, f, sel, weights, clamp)
+            shared = self.k.linear(swiglu(g, u, clamp), p + "ffn_down_shexp.weight")
+            return routed + shared
+        out = self._own_experts(i, f, sel, weights, clamp)
+        if c1 > c0:
+            out = out + self.k.linear(swiglu(g, u, clamp), p + "ffn_down_shexp.weight", None, (c0, c1))
+        return part.reduce(out)
+
+    def _own_experts(self, i: int, f, sel: np.ndarray, weights, clamp: float):
+        """The routed FFN over only the chosen slots whose expert this process holds: each such
+        (token, slot) becomes one row with one expert, so the kernels touch no other expert,
+        and the rows are added back to their tokens."""
+        xp = self.xp
+        e0, e1 = self.part.experts
+        tok, slot = np.nonzero((sel >= e0) & (sel < e1))
+        out = xp.zeros(f.shape, xp.float32)
+        if not len(tok):
+            return out
+        t_ix, s_ix = xp.array(tok.astype(np.int32)), xp.array(slot.astype(np.int32))
+        rows = self.k.experts(i, f[t_ix], sel[tok, slot][:, None], weights[t_ix, s_ix][:, None], clamp)
+        if xp is mx:
+            return out.at[t_ix].add(rows)
+        np.add.at(out, tok, rows)
+        return out
 
     # Output head -----------------------------------------------------------------------------
     def _head(self, X: mx.array) -> mx.array:
@@ -279,4 +361,7 @@ class Model:
         pre = self.k.linear(flat, "output_hc_fn.weight")
         wts = xp.sigmoid(pre * w("output_hc_scale.weight")[0] + w("output_hc_base.weight")) + cfg.hc_eps
         e = xp.sum(wts[:, :, None] * X, axis=1)
-        return self.k.linear(rms_norm(e, w("output_norm.weight"), cfg.rms_eps), "output.weight")
+        h = rms_norm(e, w("output_norm.weight"), cfg.rms_eps)
+        if self.part is None:
+            return self.k.linear(h, "output.weight")
+        return self.part.gather(self.k.linear(h, "output.weight", self.part.vocab))  # each row as computed alone

@@ -49,24 +49,31 @@ def _copy_frontier(fr: Frontier | None) -> Frontier | None:
 
 @dataclass
 class ModelState:
-    layers: list[LayerState] = field(default_factory=list)
+    # A layer another process holds (a pipeline split, engine/distributed.py) is None here.
+    layers: list[LayerState | None] = field(default_factory=list)
     n_tokens: int = 0
     xp: object = mx  # the array namespace the arrays are in (engine/xp.py)
+    # engine/distributed.py: the handle on the other processes' copy of this state (None: they
+    # hold the empty state, or there are none). Forks share it until a step replaces it.
+    remote: object = None
 
     @classmethod
-    def empty(cls, cfg: ModelConfig) -> "ModelState":
-        layers = []
-        for i in range(cfg.n_layer):
-            r = cfg.ratio(i)
-            st = LayerState(r, mx.zeros((0, cfg.head_dim), mx.float32))
-            if r:
-                st.comp = mx.zeros((0, cfg.head_dim), mx.float32)
-                st.comp_frontier = Frontier.empty(8 if r == 4 else r, cfg.compressor_width(i))
-            if r == 4:
-                st.idx_comp = mx.zeros((0, cfg.indexer_head_dim), mx.float32)
-                st.idx_frontier = Frontier.empty(8, 2 * cfg.indexer_head_dim)
-            layers.append(st)
-        return cls(layers, 0)
+    def empty(cls, cfg: ModelConfig, held: range | None = None) -> "ModelState":
+        """The state before any token; ``held``: only these layers (the others None)."""
+        held = range(cfg.n_layer) if held is None else held
+        return cls([cls.empty_layer(cfg, i) if i in held else None for i in range(cfg.n_layer)], 0)
+
+    @staticmethod
+    def empty_layer(cfg: ModelConfig, i: int) -> LayerState:
+        r = cfg.ratio(i)
+        st = LayerState(r, mx.zeros((0, cfg.head_dim), mx.float32))
+        if r:
+            st.comp = mx.zeros((0, cfg.head_dim), mx.float32)
+            st.comp_frontier = Frontier.empty(8 if r == 4 else r, cfg.compressor_width(i))
+        if r == 4:
+            st.idx_comp = mx.zeros((0, cfg.indexer_head_dim), mx.float32)
+            st.idx_frontier = Frontier.empty(8, 2 * cfg.indexer_head_dim)
+        return st
 
     def fork(self) -> "ModelState":
         """A copy that shares every array. The forward pass never writes into an array, it
@@ -74,9 +81,9 @@ class ModelState:
         a session commits the fork only once the whole step succeeded (engine/session.py)."""
         layers = []
         for st in self.layers:
-            layers.append(replace(st, comp_frontier=_copy_frontier(st.comp_frontier),
-                                  idx_frontier=_copy_frontier(st.idx_frontier)))
-        return ModelState(layers, self.n_tokens, self.xp)
+            layers.append(None if st is None else replace(st, comp_frontier=_copy_frontier(st.comp_frontier),
+                                                          idx_frontier=_copy_frontier(st.idx_frontier)))
+        return ModelState(layers, self.n_tokens, self.xp, self.remote)
 
     def use(self, xp: object) -> None:
         """Move every array into namespace ``xp``: states start, and snapshots load, as MLX
@@ -84,6 +91,8 @@ class ModelState:
         if self.xp is xp:
             return
         for st in self.layers:
+            if st is None:
+                continue
             st.raw = to(xp, st.raw)
             st.comp = None if st.comp is None else to(xp, st.comp)
             st.idx_comp = None if st.idx_comp is None else to(xp, st.idx_comp)
@@ -95,6 +104,8 @@ class ModelState:
     def arrays(self) -> list[mx.array]:
         out = []
         for st in self.layers:
+            if st is None:
+                continue
             out.append(st.raw)
             for a in (st.comp, st.idx_comp):
                 if a is not None:
@@ -133,23 +144,78 @@ def _frontier_shape(cfg: ModelConfig, layer: int) -> tuple[int, int]:
     return (8 if r == 4 else r), cfg.compressor_width(layer)
 
 
+def layer_nbytes(cfg: ModelConfig, layer: int, n: int) -> int:
+    """Bytes of one layer's part of the payload after n tokens (the per-layer section below)."""
+    r = cfg.ratio(layer)
+    size = 4 * min(n, cfg.sliding_window) * cfg.head_dim
+    if r:
+        S, W = _frontier_shape(cfg, layer)
+        size += 4 * (n // r) * cfg.head_dim + 2 * 4 * S * W
+    if r == 4:
+        size += 4 * (n // 4) * cfg.indexer_head_dim + 2 * 4 * 8 * 2 * cfg.indexer_head_dim
+    return size
+
+
 def payload_size(cfg: ModelConfig, n: int) -> int:
     """Exact payload bytes after n tokens, computed without building it (docs/model.md §4.3)."""
     size = 4 * HEADER_FIELDS + 4 * n + 4 * cfg.n_vocab + 2 * 4 * cfg.n_layer
-    live = min(n, cfg.sliding_window)
-    for i in range(cfg.n_layer):
-        r = cfg.ratio(i)
-        size += 4 * live * cfg.head_dim
-        if r:
-            S, W = _frontier_shape(cfg, i)
-            size += 4 * (n // r) * cfg.head_dim + 2 * 4 * S * W
-        if r == 4:
-            size += 4 * (n // 4) * cfg.indexer_head_dim + 2 * 4 * 8 * 2 * cfg.indexer_head_dim
-    return size
+    return size + sum(layer_nbytes(cfg, i, n) for i in range(cfg.n_layer))
 
 
 def _f32(a: mx.array) -> bytes:
     return np.asarray(a, dtype="<f4").tobytes()
+
+
+def _layer_parts(st: LayerState, live: int) -> list[bytes]:
+    """One layer's section: the live raw rows, then compressed rows and frontiers, float32."""
+    parts = [_f32(st.raw[st.raw.shape[0] - live :]) if live else b""]
+    if st.ratio:
+        parts += [_f32(st.comp), _f32(st.comp_frontier.kv), _f32(st.comp_frontier.score)]
+    if st.ratio == 4:
+        parts += [_f32(st.idx_comp), _f32(st.idx_frontier.kv), _f32(st.idx_frontier.score)]
+    return parts
+
+
+def _read_layer(cfg: ModelConfig, i: int, n: int, take, rnd) -> LayerState:
+    """The inverse of _layer_parts: ``take(count)`` hands out the next count float32 values."""
+    live = min(n, cfg.sliding_window)
+    st = ModelState.empty_layer(cfg, i)
+    r = st.ratio
+    st.raw = mx.array(rnd(take(live * cfg.head_dim).reshape(live, cfg.head_dim)))
+    if r:
+        S, W = _frontier_shape(cfg, i)
+        c = n // r
+        st.comp = mx.array(rnd(take(c * cfg.head_dim).reshape(c, cfg.head_dim)))
+        st.comp_frontier = Frontier(mx.array(take(S * W).reshape(S, W)), mx.array(take(S * W).reshape(S, W)))
+    if r == 4:
+        Di, c = cfg.indexer_head_dim, n // 4
+        st.idx_comp = mx.array(rnd(take(c * Di).reshape(c, Di)))
+        st.idx_frontier = Frontier(mx.array(take(8 * 2 * Di).reshape(8, 2 * Di)),
+                                   mx.array(take(8 * 2 * Di).reshape(8, 2 * Di)))
+    return st
+
+
+def layer_bytes(cfg: ModelConfig, st: LayerState, n: int) -> bytes:
+    """One layer's state after n tokens in the payload's own per-layer layout: what a process
+    of a distributed group hands over for the layers it holds (engine/distributed.py), so that
+    the session file written from the pieces is one ordinary payload."""
+    return b"".join(_layer_parts(st, min(n, cfg.sliding_window)))
+
+
+def layer_from_bytes(cfg: ModelConfig, layer: int, n: int, buf: bytes | memoryview) -> LayerState:
+    """The LayerState that layer_bytes wrote (bit for bit: no rounding is applied)."""
+    buf = memoryview(buf).cast("B")
+    if len(buf) != layer_nbytes(cfg, layer, n):
+        raise PayloadError(f"layer {layer} state of {len(buf)} bytes, expected {layer_nbytes(cfg, layer, n)}")
+    pos = 0
+
+    def take(count: int) -> np.ndarray:
+        nonlocal pos
+        a = np.frombuffer(buf, dtype="<f4", count=count, offset=pos)
+        pos += 4 * count
+        return a
+
+    return _read_layer(cfg, layer, n, take, lambda a: a)
 
 
 def write_payload(cfg: ModelConfig, ctx: int, state: ModelState, tokens: list[int], logits: np.ndarray) -> bytes:
@@ -166,11 +232,7 @@ def write_payload(cfg: ModelConfig, ctx: int, state: ModelState, tokens: list[in
     idx = [st.idx_comp.shape[0] if st.idx_comp is not None else 0 for st in state.layers]
     parts += [np.asarray(comp, dtype="<u4").tobytes(), np.asarray(idx, dtype="<u4").tobytes()]
     for st in state.layers:
-        parts.append(_f32(st.raw[st.raw.shape[0] - live :]) if live else b"")
-        if st.ratio:
-            parts += [_f32(st.comp), _f32(st.comp_frontier.kv), _f32(st.comp_frontier.score)]
-        if st.ratio == 4:
-            parts += [_f32(st.idx_comp), _f32(st.idx_frontier.kv), _f32(st.idx_frontier.score)]
+        parts += _layer_parts(st, live)
     blob = b"".join(parts)
     assert len(blob) == payload_size(cfg, n)
     return blob
@@ -233,17 +295,7 @@ def read_payload(cfg: ModelConfig, ctx: int, blob: bytes | memoryview, f16_rows:
         if comp_counts[i] != want_comp or idx_counts[i] != want_idx:
             raise PayloadError(f"snapshot layer {i} has {comp_counts[i]}/{idx_counts[i]} compressed rows, "
                                f"expected {want_comp}/{want_idx} after {n} tokens")
-        st.raw = mx.array(rnd(take(live * cfg.head_dim, "<f4").reshape(live, cfg.head_dim)))
-        if r:
-            S, W = _frontier_shape(cfg, i)
-            st.comp = mx.array(rnd(take(want_comp * cfg.head_dim, "<f4").reshape(want_comp, cfg.head_dim)))
-            st.comp_frontier = Frontier(mx.array(take(S * W, "<f4").reshape(S, W)),
-                                        mx.array(take(S * W, "<f4").reshape(S, W)))
-        if r == 4:
-            Di = cfg.indexer_head_dim
-            st.idx_comp = mx.array(rnd(take(want_idx * Di, "<f4").reshape(want_idx, Di)))
-            st.idx_frontier = Frontier(mx.array(take(8 * 2 * Di, "<f4").reshape(8, 2 * Di)),
-                                       mx.array(take(8 * 2 * Di, "<f4").reshape(8, 2 * Di)))
+        state.layers[i] = _read_layer(cfg, i, n, lambda count: take(count, "<f4"), rnd)
     if pos != len(buf):
         raise PayloadError(f"snapshot has {len(buf) - pos} unexpected trailing bytes")
     if not np.isfinite(logits).all():

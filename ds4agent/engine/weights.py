@@ -99,6 +99,14 @@ class QMatrix:
     def rows(self, start: int, stop: int) -> "QMatrix":
         return QMatrix(self.wq[start:stop], self.scales[start:stop], self.biases[start:stop], (stop - start, self.shape[1]))
 
+    def cols(self, start: int, stop: int) -> "QMatrix":
+        """Input columns start..stop (whole groups of 32)."""
+        if start % self.GROUP or stop % self.GROUP:
+            raise ValueError(f"columns {start}..{stop} are not whole groups of {self.GROUP}")
+        g0, g1 = start // self.GROUP, stop // self.GROUP
+        return QMatrix(self.wq[:, start // 4 : stop // 4], self.scales[:, g0:g1], self.biases[:, g0:g1],
+                       (self.shape[0], stop - start))
+
     def arrays(self) -> list[mx.array]:
         return [self.wq, self.scales, self.biases]
 

@@ -3,7 +3,8 @@
 Every implementation provides the same operations (see ReferenceKernels for the exact
 definitions); the model calls nothing else for its heavy work:
 
-* ``linear(x, name, rows=None)``: activations times a GGUF weight matrix (or a row range of it);
+* ``linear(x, name, rows=None, cols=None)``: activations times a GGUF weight matrix (or a row
+  range of it; or, x holding only those input columns, a column range: a partial product);
 * ``linears(x, names)``: the same for several matrices sharing the input x, in one call;
 * ``grouped(x, name)``: the attention output projection, group g through its own rows;
 * ``experts(layer, x, sel, weights, clamp)``: the fused routed-expert FFN of one layer;

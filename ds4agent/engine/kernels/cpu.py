@@ -21,6 +21,7 @@ import ctypes
 
 import mlx.core as mx
 import numpy as np
+from gguf.constants import GGML_QUANT_SIZES
 from gguf.constants import GGMLQuantizationType as Q
 
 from ... import settings
@@ -143,13 +144,22 @@ def quantize_k(x: np.ndarray) -> np.ndarray:
 def matmul_raw(raw: np.ndarray, qtype: int, n: int, x: np.ndarray, int8: bool = True) -> np.ndarray:
     """x (T, n) @ Wᵀ for W = packed rows raw (out, row_bytes) of n elements each. With int8
     and a quantised W (and an AVX2 build) the activations go through quantize_act first
-    (quantize_k for IQ2_XXS and Q2_K below 16 tokens)."""
-    raw = raw.view(np.uint8).reshape(raw.shape[0], -1)
-    if not raw.flags.c_contiguous:
+    (quantize_k for IQ2_XXS and Q2_K below 16 tokens).
+
+    Each row's bytes must be contiguous, the rows need not be: a column range of a matrix is
+    a view whose rows lie a whole row of the file apart (cpu.c takes that distance as the
+    row stride and reads only the n elements of each)."""
+    raw = raw.view(np.uint8)
+    if raw.ndim != 2 or raw.strides[1] != 1:
         raise ValueError("weight rows must be contiguous")
+    stride = raw.strides[0]
+    if stride != raw.shape[1] and raw.shape[0] % 16:
+        # The 16-row tile kernels pad a last partial tile by copying whole strides, which
+        # would read past the end of a column range's last row: give them a compact copy.
+        raw, stride = np.ascontiguousarray(raw), raw.shape[1]
     x = _f32(x)
     y = np.empty((x.shape[0], raw.shape[0]), dtype=np.float32)
-    if library().ds4_matmul(raw.ctypes.data, int(qtype), raw.shape[1], raw.shape[0], n, x.ctypes.data, x.shape[0],
+    if library().ds4_matmul(raw.ctypes.data, int(qtype), stride, raw.shape[0], n, x.ctypes.data, x.shape[0],
                             y.ctypes.data, int(int8)):
         raise ValueError(f"no CPU kernel for GGML type {qtype}")
     return y
@@ -244,10 +254,17 @@ class CpuKernels:
             m = self._views[name] = (self.w.file.array(name).view(np.uint8).reshape(t.shape[0], -1), t.type, t.shape[-1])
         return m
 
-    def linear(self, x: mx.array, name: str, rows: tuple[int, int] | None = None) -> mx.array:
+    def linear(self, x: mx.array, name: str, rows: tuple[int, int] | None = None,
+               cols: tuple[int, int] | None = None) -> mx.array:
         raw, qtype, n = self._matrix(name)
         if rows is not None:
             raw = raw[rows[0] : rows[1]]
+        if cols is not None:  # whole blocks of the row: a strided view of the mmap, no copy
+            block, size = GGML_QUANT_SIZES[qtype]
+            if cols[0] % block or cols[1] % block:
+                raise ValueError(f"{name}: columns {cols[0]}..{cols[1]} are not whole blocks of {block}")
+            raw = raw[:, cols[0] // block * size : cols[1] // block * size]
+            n = cols[1] - cols[0]
         return matmul_raw(raw, qtype, n, x, self.int8)
 
     def linears(self, x: mx.array, names: tuple[str, ...]) -> list[np.ndarray]:
@@ -277,7 +294,8 @@ class CpuKernels:
     def queries(self, x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
         cfg = self.w.cfg
         x, cos, sin = _f32(x), _f32(cos), _f32(sin)
-        T, H, D = x.shape[0], cfg.n_head, cfg.head_dim
+        D = cfg.head_dim
+        T, H = x.shape[0], x.shape[1] // D  # all heads, or an expert split's share
         out = np.empty((H, T, D), dtype=np.float32)
         library().ds4_queries(x.ctypes.data, T, H, D, cfg.n_rot, cos.ctypes.data, sin.ctypes.data, cfg.rms_eps,
                               out.ctypes.data)
@@ -287,8 +305,8 @@ class CpuKernels:
         cfg = self.w.cfg
         o, cos, sin = _f32(o), _f32(cos), _f32(sin)
         H, T, D = o.shape
-        G = cfg.n_out_group
-        if cfg.n_rot > 512 or H % G:
+        G = H // (cfg.n_head // cfg.n_out_group)  # whole groups: all, or an expert split's share
+        if cfg.n_rot > 512 or not G or H % G:
             raise ValueError(f"{H} heads with {cfg.n_rot} rotated dims cannot be regrouped into {G}")
         slabs = np.empty((G, T, H // G * D), dtype=np.float32)
         library().ds4_unrotate(o.ctypes.data, T, H, D, cfg.n_rot, cos.ctypes.data, sin.ctypes.data, G,

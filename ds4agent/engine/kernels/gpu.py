@@ -318,11 +318,12 @@ class GpuKernels(ReferenceKernels):
             a = self._raw[name] = mx.array(np.asarray(self.w.file.array(name)).view(np.uint8).reshape(-1))
         return a
 
-    def linear(self, x: mx.array, name: str, rows: tuple[int, int] | None = None) -> mx.array:
+    def linear(self, x: mx.array, name: str, rows: tuple[int, int] | None = None,
+               cols: tuple[int, int] | None = None) -> mx.array:
         t = self.w.file.tensors[name]
         T = x.shape[0]
-        if t.type not in KERNEL_TYPES or T > DECODE_MAX_T:
-            return super().linear(x, name, rows)
+        if t.type not in KERNEL_TYPES or T > DECODE_MAX_T or cols is not None:  # column slices: the reference
+            return super().linear(x, name, rows, cols)
         r0, r1 = rows or (0, t.shape[0])
         launch = plan_matvec(t.type, r1 - r0, t.shape[-1], T, r0)
         return self._run(launch, [self._bytes(name), x.astype(mx.float32), self._grid, self._signs])

@@ -14,7 +14,8 @@ class Kernels(Protocol):
     name: str
     xp: object  # the array namespace taken and returned: mx, or xp.NP for the CPU kernels
 
-    def linear(self, x: mx.array, name: str, rows: tuple[int, int] | None = None) -> mx.array: ...
+    def linear(self, x: mx.array, name: str, rows: tuple[int, int] | None = None,
+               cols: tuple[int, int] | None = None) -> mx.array: ...
 
     def linears(self, x: mx.array, names: tuple[str, ...]) -> list[mx.array]: ...
 

@@ -47,11 +47,16 @@ class ReferenceKernels:
     def __init__(self, weights: Weights) -> None:
         self.w = weights
 
-    def linear(self, x: mx.array, name: str, rows: tuple[int, int] | None = None) -> mx.array:
-        """x (T, in) @ W[rows]ᵀ for the GGUF matrix ``name`` (out, in)."""
+    def linear(self, x: mx.array, name: str, rows: tuple[int, int] | None = None,
+               cols: tuple[int, int] | None = None) -> mx.array:
+        """x (T, in) @ W[rows]ᵀ for the GGUF matrix ``name`` (out, in); with ``cols``, x holds
+        only those input columns and W is read there alone (a partial product: an expert
+        split's processes each take some columns, engine/model.py Part)."""
         w = self.w.get(name)
         if rows is not None:
             w = w.rows(*rows) if isinstance(w, QMatrix) else w[rows[0] : rows[1]]
+        if cols is not None:
+            w = w.cols(*cols) if isinstance(w, QMatrix) else w[:, cols[0] : cols[1]]
         if isinstance(w, QMatrix):
             return w.matmul_t(x)
         return x @ w.T
@@ -99,18 +104,20 @@ class ReferenceKernels:
         return mx.concatenate(out, axis=1)
 
     def queries(self, x: mx.array, cos: mx.array, sin: mx.array) -> mx.array:
-        """attn_q_b's output (T, H·D) -> each head RMS-normalised and rotated, (H, T, D)."""
+        """attn_q_b's output (T, H·D) -> each head RMS-normalised and rotated, (H, T, D). H is
+        what x holds: all heads, or an expert split's share of them."""
 
         c = self.w.cfg
-        return fused(queries, c.n_head, c.head_dim, c.n_rot, c.rms_eps)(x, cos, sin)
+        return fused(queries, x.shape[1] // c.head_dim, c.head_dim, c.n_rot, c.rms_eps)(x, cos, sin)
 
     def unrotate(self, o: mx.array, cos: mx.array, sin: mx.array) -> mx.array:
         """Attention output (H, T, D) -> each head rotated back, grouped for attn_output_a:
         (T, G, H/G·D), group g = heads g·H/G .. (g+1)·H/G side by side."""
 
         c = self.w.cfg
+        per_group = c.n_head // c.n_out_group  # o may hold whole groups only (an expert split's)
         o = fused(Rope.apply, c.n_rot, True)(o, cos, sin)
-        return mx.swapaxes(o, 0, 1).reshape(o.shape[1], c.n_out_group, -1)
+        return mx.swapaxes(o, 0, 1).reshape(o.shape[1], o.shape[0] // per_group, -1)
 
     def kv_round(self, rows: mx.array, n_rot: int) -> mx.array:
         """The KV cache's rounding (qat.kv_round), as one compiled graph (ops.fused)."""

@@ -1,0 +1,413 @@
+"""One model across the processes of an mx.distributed group (docs/distributed.md).
+
+Rank 0 is the product: it owns the terminal, the HTTP socket and the session store, runs the
+ordinary Session API and samples. Every other rank opens its own copy of the model file, keeps
+its share of the weights and of the KV state, and follows rank 0's commands (``follow``) until
+rank 0 closes the engine.
+
+Commands travel round the ring, rank 0 -> 1 -> ... -> N-1, each process forwarding what it
+reads before acting on it; pipeline activations travel the same way (stage s runs on rank
+(s + 1) % N, so the last stage, with the output head, is rank 0 and the logits never travel).
+Messages on one connection keep their order, so a command and the hidden state that follows
+it never need tags.
+
+The KV state on the followers mirrors rank 0's states by number: every ModelState rank 0
+holds carries a ``remote`` handle naming the followers' copy (state 0 is the empty one). A
+step says "from state a, make state b"; checkpoints and rollbacks on rank 0 keep using their
+own handles, so the followers never have to be told about them; when rank 0 forgets a state
+(the handle is garbage-collected) the next command tells the followers to forget theirs too.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import socket
+import sys
+import weakref
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import mlx.core as mx
+import numpy as np
+
+from .. import __version__
+from . import split as splits
+from .link import GroupError, Link, StderrFilter, init
+from .model import Model, Part
+from .session import Session, _Live
+from .state import ModelState, layer_bytes, layer_from_bytes, layer_nbytes, read_payload, write_payload
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+# Commands (the first field of a header). A header is HEADER int64 values:
+# op, source state, new state, count (tokens or bytes), states to forget, flags, n_tokens, spare.
+STEP, SNAPSHOT, RESTORE, QUIT = 1, 2, 3, 4
+HEADER = 8
+INFO_BYTES = 1024  # each rank's description at the handshake, JSON padded to a fixed size
+JOIN_TIMEOUT = 60.0  # seconds for the group to form (a model file opens in seconds)
+
+
+def launched() -> bool:
+    """Whether this process was started as one rank of a group (mlx.launch, or ds4 --hosts)."""
+    return "MLX_RANK" in os.environ and (bool(os.environ.get("MLX_HOSTFILE"))
+                                         or "MLX_JACCL_COORDINATOR" in os.environ
+                                         or "MLX_WORLD_SIZE" in os.environ)
+
+
+def backend_setting() -> str:
+    """The mx.distributed backend this process was launched for."""
+    if "MLX_JACCL_COORDINATOR" in os.environ:
+        return "jaccl"
+    if "MLX_WORLD_SIZE" in os.environ and "MLX_HOSTFILE" not in os.environ:
+        return "nccl"
+    return "ring"
+
+
+class _Handle:
+    """The followers' copy of one of rank 0's states. When rank 0 lets go of every state that
+    refers to it, the followers are told to free theirs (with the next command)."""
+
+    __slots__ = ("id", "__weakref__")
+
+    def __init__(self, number: int, dropped: list[int]) -> None:
+        self.id = number
+        weakref.finalize(self, dropped.append, number)
+
+
+@dataclass
+class Counters:
+    """What one rank moved, for the benchmarks (bytes of arrays, not of TCP framing)."""
+
+    sent: int = 0
+    reduced: int = 0
+    messages: int = 0
+
+
+class Distributed:
+    """One rank's place in the group: its plan, its model, the link, the followers' states."""
+
+    def __init__(self, model: Model, link: Link, plan: splits.Plan) -> None:
+        self.model = model
+        self.cfg = model.cfg
+        self.opt = model.opt
+        self.w = model.w
+        self.link = link
+        self.plan = plan
+        self.rank, self.size = link.rank, link.size
+        self.states: dict[int, ModelState] = {0: self.empty_state()}  # a follower's copies
+        self._next = 1
+        self._dropped: list[int] = []
+        self.closed = False
+        cfg = self.cfg
+        if plan.split == "pipeline":
+            self.lo, self.hi = plan.stages[plan.stage]
+
+    # -- what Session and the engine use on rank 0 -------------------------------------------
+    def empty_state(self) -> ModelState:
+        return ModelState.empty(self.cfg, held=self.plan.layers)
+
+    def forward(self, ids: np.ndarray, state: ModelState, all_logits: bool = False):
+        ids = np.asarray(ids, dtype=np.int64)
+        dst = self._new()
+        self._command(STEP, self._src(state), dst.id, flags=int(all_logits), n_tokens=state.n_tokens,
+                      data=ids.astype(np.int32))
+        out = self._step(ids, state, all_logits)
+        state.remote = dst
+        return out
+
+    def full_state(self, state: ModelState) -> ModelState:
+        """The whole state on rank 0: a pipeline gathers the other stages' layers (as their
+        payload sections, so the bytes are exactly what each process holds)."""
+        if self.plan.split == "experts":
+            return state
+        n = state.n_tokens
+        self._command(SNAPSHOT, self._src(state), 0, n_tokens=n)
+        before = range(0, self.plan.stages[-1][0])  # the followers' layers, stage 0 first
+        blob = self._recv_bytes(sum(layer_nbytes(self.cfg, i, n) for i in before), "collecting the snapshot")
+        out = state.fork()
+        pos = 0
+        for i in before:
+            size = layer_nbytes(self.cfg, i, n)
+            out.layers[i] = layer_from_bytes(self.cfg, i, n, blob[pos : pos + size])
+            pos += size
+        return out
+
+    def distribute(self, state: ModelState) -> ModelState:
+        """Hand a whole state (a loaded snapshot) to the followers; returns rank 0's share."""
+        n = state.n_tokens
+        layers = range(self.cfg.n_layer) if self.plan.split == "experts" else range(0, self.plan.stages[-1][0])
+        state.use(mx)
+        blob = b"".join(layer_bytes(self.cfg, state.layers[i], n) for i in layers)
+        dst = self._new()
+        self._command(RESTORE, 0, dst.id, n_tokens=n, data=np.frombuffer(blob, dtype=np.uint8))
+        mine = ModelState([st if i in self.plan.layers else None for i, st in enumerate(state.layers)], n,
+                          state.xp, dst)
+        return mine
+
+    def close(self) -> None:
+        """Tell the followers to exit (rank 0); later calls do nothing."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.rank == 0 and self.link.broken is None:
+            try:
+                self._command(QUIT, 0, 0)
+            except GroupError:
+                pass
+        self.link.close()
+
+    # -- commands -------------------------------------------------------------------------------
+    def _new(self) -> _Handle:
+        h = _Handle(self._next, self._dropped)
+        self._next += 1
+        return h
+
+    @staticmethod
+    def _src(state: ModelState) -> int:
+        return 0 if state.remote is None else state.remote.id
+
+    def _command(self, op: int, src: int, dst: int, flags: int = 0, n_tokens: int = 0,
+                 data: np.ndarray | None = None) -> None:
+        """Rank 0: send a command to rank 1 (which passes it on), with the states to forget."""
+        drop = np.array(self._dropped, dtype=np.int64)
+        del self._dropped[: len(drop)]
+        data = np.zeros(0, np.uint8) if data is None else data
+        hdr = np.array([op, src, dst, data.size, drop.size, flags, n_tokens, 0], dtype=np.int64)
+        t = self.link.timeout
+        self.link.send(hdr, 1, t, "sending a command")
+        if drop.size:
+            self.link.send(drop, 1, t, "sending a command")
+        if data.size:
+            self.link.send(data, 1, t, "sending a command")
+
+    def _recv_bytes(self, n: int, what: str) -> memoryview:
+        if not n:
+            return memoryview(b"")
+        a = self.link.recv((n,), mx.uint8, self.link.left, self.link.timeout, what)
+        return memoryview(a.tobytes())
+
+    def follow(self) -> None:
+        """A follower's life: read commands from the left, pass them on, do this rank's part."""
+        link, last = self.link, self.rank + 1 == self.size
+        while True:
+            hdr = link.recv((HEADER,), mx.int64, link.left, None, "waiting for a command")  # idle: no deadline
+            op, src, dst, count, ndrop, flags, n_tokens, _ = (int(v) for v in hdr)
+            t = link.timeout
+            drop = link.recv((ndrop,), mx.int64, link.left, t) if ndrop else np.zeros(0, np.int64)
+            dtype = mx.int32 if op == STEP else mx.uint8
+            data = link.recv((count,), dtype, link.left, t) if count else np.zeros(0, np.int32)
+            if not last:
+                link.send(hdr, link.right, t, "passing a command on")
+                if ndrop:
+                    link.send(drop, link.right, t, "passing a command on")
+                if count:
+                    link.send(data, link.right, t, "passing a command on")
+            for d in drop:
+                self.states.pop(int(d), None)
+            if op == QUIT:
+                return
+            if op == STEP:
+                state = self.states[src].fork()
+                self._step(data.astype(np.int64), state, bool(flags))
+                self.states[dst] = state
+            elif op == SNAPSHOT:
+                self._give_snapshot(self.states[src], n_tokens)
+            elif op == RESTORE:
+                self.states[dst] = self._take_restore(data, n_tokens)
+            else:
+                raise link.fail(f"unknown command {op} from rank 0 (different ds4agent versions?)")
+
+    # -- one step, this rank's part -----------------------------------------------------------
+    def _step(self, ids: np.ndarray, state: ModelState, all_logits: bool):
+        m, plan = self.model, self.plan
+        if plan.split == "experts":  # every rank runs every layer on its share; sums inside
+            return m.forward(ids, state, all_logits)
+        link, T = self.link, len(ids)
+        stage = plan.stage
+        if stage == 0:
+            X = m.embed(ids)
+        else:
+            shape = (T, self.cfg.hc_count, self.cfg.n_embd)
+            X = link.recv(shape, mx.float32, link.left, link.timeout, "receiving the hidden state",
+                          numpy=m.xp is not mx)
+        X = m.layers(X, ids, state, range(self.lo, self.hi))
+        m.advance(state, T)
+        if stage == plan.size - 1:
+            return m.head(X, all_logits)
+        link.send(X, link.right, link.timeout, "handing on the hidden state")
+        return None
+
+    def _give_snapshot(self, state: ModelState, n: int) -> None:
+        link, plan = self.link, self.plan
+        if plan.split == "experts":
+            return  # rank 0 holds the whole state
+        cfg = self.cfg
+        state.use(mx)
+        before = range(0, self.lo)
+        got = bytes(self._recv_bytes(sum(layer_nbytes(cfg, i, n) for i in before), "collecting the snapshot"))
+        mine = b"".join(layer_bytes(cfg, state.layers[i], n) for i in range(self.lo, self.hi))
+        link.send(np.frombuffer(got + mine, dtype=np.uint8), link.right, link.timeout, "sending the snapshot")
+
+    def _take_restore(self, data: np.ndarray, n: int) -> ModelState:
+        cfg = self.cfg
+        state = ModelState.empty(cfg, held=self.plan.layers)
+        buf = memoryview(np.ascontiguousarray(data, dtype=np.uint8).tobytes())
+        pos = 0
+        for i in range(0, self.plan.layers.stop):
+            size = layer_nbytes(cfg, i, n)
+            if i in self.plan.layers:
+                state.layers[i] = layer_from_bytes(cfg, i, n, buf[pos : pos + size])
+            pos += size
+        state.n_tokens = n
+        return state
+
+
+class DistributedSession(Session):
+    """A Session on rank 0 whose state is spread over the group: the snapshot gathers the
+    other processes' layers into one ordinary payload; a restore hands them out."""
+
+    def reset(self) -> None:
+        self._live = _Live(self._model.empty_state(), [], 0, None)
+
+    def snapshot(self) -> bytes:
+        live = self._live
+        if live.logits is None:
+            raise RuntimeError("nothing to snapshot: the session holds no tokens")
+        state = self._model.full_state(live.state)
+        return write_payload(self._model.cfg, self.ctx, state, live.tokens[: live.n], live.logits)
+
+    def restore(self, blob: bytes | memoryview) -> None:
+        state, tokens, logits = read_payload(self._model.cfg, self.ctx, blob, f16_rows=self._model.opt.qat_sim)
+        logits.setflags(write=False)
+        mine = self._model.distribute(state)  # a PayloadError above leaves everything as it was
+        self._live = _Live(mine, tokens, len(tokens), logits)
+
+
+# -- opening ------------------------------------------------------------------------------------
+
+def _describe(engine: "Engine", split: str) -> bytes:
+    info = {"host": socket.gethostname(), "version": __version__, "fingerprint": engine.info.fingerprint,
+            "path": str(engine.info.path), "split": split, "layers": engine.info.config.n_layer}
+    raw = json.dumps(info).encode()[:INFO_BYTES]
+    return raw + b" " * (INFO_BYTES - len(raw))
+
+
+def _check_group(infos: list[dict], names: list[str]) -> None:
+    """The same ds4agent, the same model file and the same split everywhere, or one message
+    naming the first process that differs."""
+    ref = infos[0]
+    for r, info in enumerate(infos[1:], 1):
+        who = f"rank {r} ({names[r]})"
+        if info.get("version") != ref.get("version"):
+            raise GroupError(f"{who} runs ds4agent {info.get('version')}, rank 0 ({names[0]}) runs "
+                             f"{ref.get('version')}: install the same version everywhere")
+        if info.get("fingerprint") != ref.get("fingerprint"):
+            raise GroupError(f"{who} has a different model file ({info.get('path')}, fingerprint "
+                             f"{info.get('fingerprint'):08x}; rank 0 has {ref.get('path')}, "
+                             f"{ref.get('fingerprint'):08x}): copy the same file to every host")
+        if info.get("split") != ref.get("split"):
+            raise GroupError(f"{who} was started with --split {info.get('split')}, rank 0 with {ref.get('split')}")
+
+
+def open_engine(path, split: str, backend: str = "auto", ctx: int = 32768, kernels: str | None = None,
+                group=None, timeout: float | None = None) -> "Engine":
+    """Join the group this process was launched into and open the model as its share of
+    ``split`` ("pipeline" or "experts"). Rank 0 gets an Engine whose sessions span the group;
+    another rank gets one to call ``follow`` on. Problems are GroupError/EngineError, one line."""
+    from .engine import Engine, EngineError
+
+    if split not in splits.SPLITS:
+        raise EngineError(f"unknown split {split!r} (choose from {', '.join(splits.SPLITS)})")
+    if group is None:
+        group = init(backend_setting(), JOIN_TIMEOUT)
+    rank, size = group.rank(), group.size()
+    # Names are what the user wrote in the hostfile where we know it, else this host's name.
+    link = Link(group, [f"rank {r}" for r in range(size)], timeout)
+    try:
+        engine = Engine.open(path, backend=backend, ctx=ctx, kernels=kernels)
+    except Exception as e:  # noqa: BLE001 - the others must hear about it, not hang at the handshake
+        link.fail(f"rank {rank} ({socket.gethostname()}) could not open the model: {e}")
+        link.close()
+        raise
+    try:
+        mine = np.frombuffer(_describe(engine, split), dtype=np.uint8)
+        rows = link.all_gather(mine, JOIN_TIMEOUT, "comparing the processes")
+        infos = [json.loads(bytes(r).decode().strip() or "{}") for r in rows]
+        names = [i.get("host", "?") for i in infos]
+        link.names = names
+        _check_group(infos, names)
+        f = engine._file
+        shared_block = splits.block_width(f.tensors["blk.0.ffn_down_shexp.weight"].type)
+        out_block = splits.block_width(f.tensors["blk.0.attn_output_b.weight"].type)
+        if engine.info.config.o_lora_rank % out_block:
+            raise GroupError(f"attn_output_b's blocks of {out_block} do not divide its groups; use --split pipeline")
+        sizes = {name: t.nbytes for name, t in f.tensors.items()}
+        plan = splits.plan(engine.info.config, sizes, split, size, rank, shared_block)
+    except (GroupError, splits.SplitError) as e:
+        engine.close()
+        link.close()
+        raise EngineError(str(e)) from None
+    except Exception:
+        engine.close()
+        link.close()
+        raise
+    base: Model = engine._model
+    if split == "experts":
+        part = Part(plan.groups, plan.shared, plan.experts, plan.vocab,
+                    lambda a: link.all_sum(a, link.timeout, "summing a layer's outputs"),
+                    _gatherer(link, plan, engine.info.config.n_vocab))
+        base = Model(base.w, base.opt, base.k, part)
+    dist = Distributed(base, link, plan)
+    engine._model = dist
+    engine._session_class = DistributedSession
+    engine.distributed = dist
+    closer = engine.close
+
+    def close() -> None:
+        dist.close()
+        closer()
+
+    engine.close = close  # type: ignore[method-assign]
+    if rank == 0:
+        atexit.register(dist.close)  # an exit without close still lets the followers go quietly
+    return engine
+
+
+def _gatherer(link: Link, plan: splits.Plan, vocab: int):
+    """The output head's rows of every rank, side by side: all_gather needs one shape, so
+    each share is padded to the largest and cut after."""
+    shares = [splits.even(vocab, plan.size, r) for r in range(plan.size)]
+    width = max(hi - lo for lo, hi in shares)
+
+    def gather(a):
+        xp = np if isinstance(a, np.ndarray) else mx
+        pad = width - a.shape[-1]
+        if pad:
+            a = xp.concatenate([a, xp.zeros((*a.shape[:-1], pad), dtype=xp.float32)], axis=-1)
+        rows = link.all_gather(a, link.timeout, "gathering the logits")  # (size, T, width)
+        return xp.concatenate([rows[r][..., : hi - lo] for r, (lo, hi) in enumerate(shares)], axis=-1)
+
+    return gather
+
+
+def follow(engine: "Engine") -> int:
+    """Run a follower until rank 0 closes the group; the exit status for the process."""
+    dist: Distributed = engine.distributed  # type: ignore[attr-defined]
+    try:
+        dist.follow()
+    except GroupError:
+        return 1  # the link printed the one message
+    except Exception as e:  # noqa: BLE001 - any failure here must stop the group, not hang it
+        dist.link.fail(f"rank {dist.rank} ({socket.gethostname()}) failed: {e}")
+        return 1
+    finally:
+        dist.closed = True
+        dist.link.close()
+        engine.close()
+    return 0
+
+
+__all__ = ["open_engine", "follow", "launched", "Distributed", "DistributedSession", "GroupError", "StderrFilter"]

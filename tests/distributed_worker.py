@@ -1,0 +1,65 @@
+"""One rank of the distributed tests (tests/test_distributed.py), started by mlx.launch.
+
+argv: model path, split, kernels, output .npz. Rank 0 runs a fixed scenario through the
+ordinary Session API and saves every logits vector it saw; the others follow."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+
+def scenario(engine, out: str, single_blob: bytes | None) -> None:
+    from ds4agent.engine import SamplingParams
+
+    rec: dict[str, np.ndarray] = {}
+    s = engine.session(ctx=256)
+    s.prefill_chunk = 5  # several chunks, and a last partial one
+    prompt = [int(t) for t in np.random.default_rng(0).integers(100, 5000, 13)]
+    s.sync(prompt)
+    rec["prefill"] = s.logits.copy()
+    greedy = []
+    for i, step in enumerate(s.generate(SamplingParams(temperature=0.0), max_tokens=4, stop_at_eos=False)):
+        greedy.append(step.token)
+        rec[f"greedy{i}"] = s.logits.copy()
+    rec["greedy"] = np.array(greedy)
+    cp = s.checkpoint()
+    blob = s.snapshot()
+    sampled = [st.token for st in s.generate(SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=7),
+                                             max_tokens=4, stop_at_eos=False)]
+    rec["sampled"] = np.array(sampled)
+    rec["after_sampled"] = s.logits.copy()
+    s.rollback(cp)  # back to the checkpoint: the followers' states must follow
+    s.eval(greedy[-1])
+    rec["after_rollback"] = s.logits.copy()
+    rec["snapshot"] = np.frombuffer(blob, dtype=np.uint8)
+    t = engine.session(ctx=256)  # a distributed snapshot restored into the group again
+    t.restore(blob)
+    t.eval(greedy[-1])
+    rec["restored"] = t.logits.copy()
+    if single_blob is not None:  # a one-process snapshot loaded into the group
+        u = engine.session(ctx=256)
+        u.restore(single_blob)
+        u.eval(3)
+        rec["from_single"] = u.logits.copy()
+    np.savez(out, **rec)
+
+
+def main() -> int:
+    path, split, kernels, out = sys.argv[1:5]
+    single = sys.argv[5] if len(sys.argv) > 5 else None
+    from ds4agent.engine.distributed import follow, open_engine
+
+    engine = open_engine(path, split, backend="cpu", kernels=kernels)
+    if engine.distributed.rank != 0:
+        return follow(engine)
+    try:
+        scenario(engine, out, open(single, "rb").read() if single else None)
+    finally:
+        engine.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
