@@ -35,9 +35,13 @@ def _open_engine(path, args: argparse.Namespace, ctx: int, flag: str = "--ctx"):
     (``flag`` names what set it): positions past it are extrapolation, the answers degrade
     without any sign, and the KV memory grows for nothing."""
     from .engine import Engine
+    from .engine.launch import launched
 
-    engine = Engine.open(path, backend=args.backend, ctx=ctx, kernels=args.kernels,
-                         devices=getattr(args, "devices", None), w8a8=getattr(args, "w8a8", False))
+    if getattr(args, "split", None) or getattr(args, "hosts", None) or getattr(args, "hostfile", None) or launched():
+        engine = _open_group(path, args, ctx)
+    else:
+        engine = Engine.open(path, backend=args.backend, ctx=ctx, kernels=args.kernels,
+                             devices=getattr(args, "devices", None), w8a8=getattr(args, "w8a8", False))
     trained = engine.info.config.context_length
     if trained and ctx > trained:
         engine.close()
@@ -48,6 +52,47 @@ def _open_engine(path, args: argparse.Namespace, ctx: int, flag: str = "--ctx"):
     for line in engine.info.devices:  # --backend npu: what each device holds, and its memory
         print(f"ds4: {line}", file=sys.stderr)
     return engine
+
+
+def _open_group(path, args: argparse.Namespace, ctx: int):
+    """Several machines (docs/distributed.md): with --hosts/--hostfile this process becomes rank
+    0 and starts the others; under mlx.launch it joins the group it was started in. A follower
+    (rank > 0) never gets here: main() hands it to _follow."""
+    from .engine.distributed import open_engine
+    from .engine.launch import LaunchError, alive, launched, parse_hosts, read_hostfile, start
+
+    if args.backend == "npu":
+        raise UsageError("--split/--hosts run on MLX backends; --backend npu uses --devices on one machine")
+    check = lambda: None  # noqa: E731
+    if getattr(args, "hosts", None) or getattr(args, "hostfile", None):
+        if launched():
+            raise UsageError("--hosts/--hostfile start a group themselves; under mlx.launch leave them out")
+        try:
+            hosts = parse_hosts(args.hosts) if args.hosts else read_hostfile(args.hostfile)
+            check = alive(start(hosts, getattr(args, "argv", sys.argv[1:])), hosts)
+        except LaunchError as e:
+            raise UsageError(str(e)) from None
+    elif not launched():
+        raise UsageError("--split needs a group: give --hosts/--hostfile, or start ds4 under mlx.launch "
+                         "(see docs/distributed.md)")
+    return open_engine(path, args.split or "pipeline", backend=args.backend, ctx=ctx, kernels=args.kernels,
+                       alive=check)
+
+
+def _follow(args: argparse.Namespace) -> int:
+    """A rank other than 0: open its share of the model and follow rank 0 until it closes."""
+    from .engine.distributed import follow, open_engine
+    from .modelfile import resolve_model
+
+    from .engine import EngineError
+
+    path = resolve_model(args.model).path if getattr(args, "model", None) is None else Path(args.model)
+    try:
+        engine = open_engine(path, getattr(args, "split", None) or "pipeline", backend=getattr(args, "backend", "auto"),
+                             kernels=getattr(args, "kernels", None))
+    except EngineError:
+        return 1  # rank 0 says why (this rank's own failure to open was told to the group already)
+    return follow(engine)
 
 
 BACKENDS = ("auto", "cpu", "metal", "cuda", "npu")  # engine.BACKENDS (tested equal)
@@ -69,6 +114,13 @@ def _add_engine(group: argparse._ActionsContainer) -> None:
                             "host torch)")
     group.add_argument("--w8a8", action="store_true",
                        help="--backend npu: int8 weights and activations for the Q8_0 matrices (see docs/ascend.md)")
+    group.add_argument("--split", choices=("pipeline", "experts"), default=None,
+                       help="several machines: pipeline = layers divided (fits a model no one host holds), experts "
+                            "= experts and heads divided (faster decode); default pipeline (docs/distributed.md)")
+    group.add_argument("--hosts", metavar="A,B,...", default=None,
+                       help="several machines: run on these hosts over ssh (this one is rank 0), the ring backend")
+    group.add_argument("--hostfile", metavar="FILE", default=None,
+                       help="several machines: mlx.launch's hostfile ([{\"ssh\": NAME, \"ips\": [IP]}, ...])")
 
 
 def _add_thinking(parser: argparse.ArgumentParser, think_max: bool) -> list[argparse.Action]:
@@ -158,6 +210,21 @@ def build_parser() -> argparse.ArgumentParser:
     ag.add_argument("--sessions", metavar="DIR", help="where saved sessions live")
     _add_thinking(ag, think_max=False)
     _add_generation(ag, 16384, "most tokens per model turn", 65536)
+
+    sv = sub.add_parser("serve", help="OpenAI- and Anthropic-compatible HTTP server (docs/server.md)")
+    _add_model(sv)
+    _add_thinking(sv, think_max=True)
+    sv.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    sv.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    sv.add_argument("--api-key", metavar="KEY", default=os.environ.get("DS4_API_KEY"),
+                    help="require this key (Authorization: Bearer KEY or x-api-key; default $DS4_API_KEY)")
+    sv.add_argument("--cors", metavar="ORIGIN", help="allow browser requests from ORIGIN ('*' for any)")
+    sv.add_argument("--queue", type=int, default=16, metavar="N", help="requests that may wait for the engine (default 16)")
+    sv.add_argument("--sessions", metavar="DIR", help="on-disk KV cache folder (default: the session store)")
+    sv.add_argument("--no-disk-cache", action="store_true", help="keep the KV cache in memory only")
+    sv.add_argument("--cache-min-tokens", type=int, default=512, metavar="N",
+                    help="smallest prefix worth saving to disk (default 512)")
+    _add_generation(sv, 32768, "default most tokens per answer when the client gives none", 32768)
 
     b = sub.add_parser("bench", help="prefill/generation speed at context frontiers (ds4-bench CSV)")
     b.add_argument("-m", "--model", metavar="PATH", help="GGUF model file")
@@ -412,6 +479,32 @@ def cmd_agent(args: argparse.Namespace) -> int:
     return run_agent_tty(agent, store, default_history_file(), banner)
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from .modelfile import DEMO_BANNER, resolve_model
+    from .server import Defaults, ServerOptions, serve
+    from .server.run import is_loopback
+    from .sessions import SessionStore
+
+    sampling = _sampling(args)
+    if not 0 < args.port < 65536:
+        raise UsageError(f"--port must be in 1..65535, got {args.port}")
+    if args.queue < 0:
+        raise UsageError(f"--queue must be at least 0, got {args.queue}")
+    if not is_loopback(args.host) and not args.api_key:
+        print(f"ds4: warning: listening on {args.host} without --api-key: anyone who can reach this port can use "
+              "the model", file=sys.stderr)
+    choice = resolve_model(args.model)
+    if choice.is_demo:
+        print(DEMO_BANNER, file=sys.stderr)
+    engine = _open_engine(choice.path, args, args.ctx)
+    store = None
+    if not args.no_disk_cache:
+        store = SessionStore(args.sessions) if args.sessions else SessionStore()
+    opts = ServerOptions(Defaults(sampling, args.tokens, args.mode, args.ctx), api_key=args.api_key, cors=args.cors,
+                         max_queue=args.queue, min_save_tokens=args.cache_min_tokens, store=store)
+    return serve(engine, opts, args.host, args.port)
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from .engine import bench as benchmark
     from .modelfile import resolve_model
@@ -467,6 +560,7 @@ _BENCH_TEXT = (
 
 def main(argv: Sequence[str] | None = None) -> int:
     from .engine import ContextFullError, EngineError
+    from .engine.launch import GroupError
     from .modelfile import ConfigError, GGUFError
     from .settings import ModelChoiceError
 
@@ -477,12 +571,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
+        args.argv = argv  # --hosts starts the other ranks with the same arguments
+        from .engine.launch import follower
+
+        if follower() and args.command in ("chat", "agent", "bench", "serve"):
+            return _follow(args)  # rank > 0 of a group: no terminal, socket or store here
         handler = {"chat": cmd_chat, "agent": cmd_agent, "bench": cmd_bench, "inspect": cmd_inspect,
-                   "demo": cmd_demo}[args.command]
+                   "demo": cmd_demo, "serve": cmd_serve}[args.command]
         return handler(args)
     except (UsageError, GGUFError, ConfigError, ModelChoiceError, EngineError, ContextFullError) as e:
         print(f"ds4: error: {e}", file=sys.stderr)
         return 2 if isinstance(e, UsageError) else 1
+    except GroupError:  # another machine of the group failed: the link said so in one line
+        return 1
     except BrokenPipeError:  # `ds4 inspect ... | head`: the reader left; not an error worth a message
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0

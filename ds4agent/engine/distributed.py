@@ -34,6 +34,7 @@ import numpy as np
 
 from .. import __version__
 from . import split as splits
+from .launch import launched
 from .link import GroupError, Link, StderrFilter, init
 from .model import Model, Part
 from .session import Session, _Live
@@ -48,13 +49,6 @@ STEP, SNAPSHOT, RESTORE, QUIT = 1, 2, 3, 4
 HEADER = 8
 INFO_BYTES = 1024  # each rank's description at the handshake, JSON padded to a fixed size
 JOIN_TIMEOUT = 60.0  # seconds for the group to form (a model file opens in seconds)
-
-
-def launched() -> bool:
-    """Whether this process was started as one rank of a group (mlx.launch, or ds4 --hosts)."""
-    return "MLX_RANK" in os.environ and (bool(os.environ.get("MLX_HOSTFILE"))
-                                         or "MLX_JACCL_COORDINATOR" in os.environ
-                                         or "MLX_WORLD_SIZE" in os.environ)
 
 
 def backend_setting() -> str:
@@ -313,7 +307,7 @@ def _check_group(infos: list[dict], names: list[str]) -> None:
 
 
 def open_engine(path, split: str, backend: str = "auto", ctx: int = 32768, kernels: str | None = None,
-                group=None, timeout: float | None = None) -> "Engine":
+                group=None, timeout: float | None = None, alive=lambda: None) -> "Engine":
     """Join the group this process was launched into and open the model as its share of
     ``split`` ("pipeline" or "experts"). Rank 0 gets an Engine whose sessions span the group;
     another rank gets one to call ``follow`` on. Problems are GroupError/EngineError, one line."""
@@ -322,7 +316,10 @@ def open_engine(path, split: str, backend: str = "auto", ctx: int = 32768, kerne
     if split not in splits.SPLITS:
         raise EngineError(f"unknown split {split!r} (choose from {', '.join(splits.SPLITS)})")
     if group is None:
-        group = init(backend_setting(), JOIN_TIMEOUT)
+        try:
+            group = init(backend_setting(), JOIN_TIMEOUT, alive)
+        except GroupError as e:
+            raise EngineError(str(e)) from None
     rank, size = group.rank(), group.size()
     # Names are what the user wrote in the hostfile where we know it, else this host's name.
     link = Link(group, [f"rank {r}" for r in range(size)], timeout)

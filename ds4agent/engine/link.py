@@ -37,13 +37,13 @@ from typing import Callable, Iterator
 import mlx.core as mx
 import numpy as np
 
+from .launch import GroupError
+
 DEFAULT_TIMEOUT = 30.0  # seconds a one-token step may wait for another process (DS4_DIST_TIMEOUT)
 BACKSTOP = 8  # seconds after a failure before SIGALRM ends a process that is still running
 KEEPALIVE = (3, 1, 3)  # idle seconds, probe interval, probes: a vanished host is found in about 6 s
 
 
-class GroupError(RuntimeError):
-    """The group cannot go on, or could not form; one line naming the process or host."""
 
 
 def timeout_setting() -> float:
