@@ -62,7 +62,10 @@ def probes(w: DeviceWeights) -> dict[str, tuple]:
     mask = torch.arange(N, device=dev)[None, :] <= torch.arange(N - T, N, device=dev)[:, None]
     out["attend"] = (rnd(H, T, D), rnd(N, D), mask, w.param("blk.0.attn_sinks.weight"))
     C, k = max(40, 2 * cfg.indexer_top_k), cfg.indexer_top_k
-    out["index_select"] = (rnd(T, cfg.indexer_n_head, cfg.indexer_head_dim), rnd(C, cfg.indexer_head_dim),
+    # float16-exact indexer inputs (as QAT's FP4 rows are): the op reads them in float16, and
+    # the check is of the selection, not of that rounding.
+    h = lambda a: a.half().float()  # noqa: E731
+    out["index_select"] = (h(rnd(T, cfg.indexer_n_head, cfg.indexer_head_dim)), h(rnd(C, cfg.indexer_head_dim)),
                            rnd(T, cfg.indexer_n_head), torch.tensor([C - 2, C - 1, C], device=dev), k)
     out["sinkhorn"] = (rnd(2, cfg.hc_count, cfg.hc_count), cfg.hc_eps, cfg.hc_sinkhorn_iters)
     return out

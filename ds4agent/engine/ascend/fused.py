@@ -67,21 +67,26 @@ def rms_norm(npu: Any, x: torch.Tensor, w: torch.Tensor | None, eps: float) -> A
 
 
 def route(npu: Any, logits: torch.Tensor, bias, table, ids: torch.Tensor, k: int, norm: bool, scale: float) -> Any:
-    """npu_moe_gating_top_k with one group (k_group=1, group_count=1), renorm=0 and
-    norm_type=2 (sqrt(softplus): not in torch_npu's documentation, which lists 0 softmax and
-    1 sigmoid; vllm-ascend passes 2 for DeepSeek V4), in hash mode (input_ids, tid2eid) on
-    the hash layers. Only the expert ids and normOut (out_flag=True: the scores) are used;
-    the weights are computed from the scores here, so a yOut with another normalisation
-    cannot change them, and the open-time check refuses the entry if the ids differ."""
-    n_exp = logits.shape[1]
-    if n_exp > 2048 or not 1 <= k <= 32 or n_exp // 1 <= 2:
-        return NotImplemented
-    kw = {}
+    """npu_moe_gating_top_k(x, k, bias=..., k_group=1, group_count=1, group_select_mode=0,
+    renorm=0, norm_type=2, out_flag=True, routed_scaling_factor=1.0, eps=1e-20) on the
+    top-k layers; the hash-routed layers step aside (their experts are a table lookup, which
+    the documented op has no argument for).
+
+    Unclear in the documentation (docs/ascend.md): it lists norm_type 0 (softmax) and 1
+    (sigmoid) only, and on A2/A3 256 experts, k_group 4 and a bias; DeepSeek V4 scores with
+    sqrt(softplus), passed as norm_type=2 as Ascend's own DeepSeek V4 recipes do. Only the
+    expert ids and normOut (the scores, out_flag=True) are used; the weights are computed
+    from the scores here, so yOut's normalisation cannot change them, and the open-time check
+    (check.py) refuses the entry when the installed op rejects these arguments or chooses
+    other experts than the plain version."""
     if table is not None:
-        kw = {"input_ids": ids, "tid2eid": table}
+        return NotImplemented
+    n_exp = logits.shape[1]
+    if n_exp > 2048 or not 1 <= k <= 32 or n_exp <= 2:
+        return NotImplemented
     _, idx, scores = npu.npu_moe_gating_top_k(logits, k, bias=bias, k_group=1, group_count=1, group_select_mode=0,
                                               renorm=0, norm_type=2, out_flag=True, routed_scaling_factor=1.0,
-                                              eps=1e-20, **kw)
+                                              eps=1e-20)
     sel = idx.to(torch.int64)
     return sel, plain.route_weights(scores.to(torch.float32), sel, norm, scale)
 
