@@ -254,8 +254,10 @@ def create_app(engine: Any, options: ServerOptions | None = None) -> Starlette:
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok", "model": MODEL_ID, "queued": server.worker.waiting})
 
-    async def options_ok(request: Request) -> Response:
-        return Response(status_code=204)
+    async def fallback(request: Request) -> Response:
+        if request.method == "OPTIONS":  # CORS preflights and probes
+            return Response(status_code=204)
+        return error_response(request.url.path, ApiError(404, "unknown endpoint", "not_found_error"))
 
     async def not_found(request: Request, exc: HTTPException) -> Response:
         status = exc.status_code
@@ -275,7 +277,7 @@ def create_app(engine: Any, options: ServerOptions | None = None) -> Starlette:
         Route("/v1/responses", endpoint(rq.responses, formats.ResponsesFormat), methods=["POST"]),
         Route("/v1/messages", endpoint(rq.messages, formats.MessagesFormat), methods=["POST"]),
         Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
-        Route("/{any:path}", options_ok, methods=["OPTIONS"]),
+        Route("/{any:path}", fallback, methods=["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"]),
     ]
     middleware = []
     if opt.cors:

@@ -40,7 +40,7 @@ def _socket(host: str, port: int) -> socket.socket:
 def _uvicorn(app: Any) -> uvicorn.Server:
     # HTTP/1.1 keep-alive is on (clients reuse connections); access logs are replaced by the
     # server's own one line per request.
-    config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_keep_alive=30,
+    config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_keep_alive=30, timeout_graceful_shutdown=5,
                             lifespan="off", ws="none")
     return uvicorn.Server(config)
 
@@ -62,6 +62,8 @@ def serve(engine: Any, options: ServerOptions, host: str = "127.0.0.1", port: in
     log.info("listening on http://%s:%d/v1 (OpenAI and Anthropic APIs)", host, port)
     try:
         server.run(sockets=[sock])  # uvicorn handles SIGINT/SIGTERM: stops accepting, lets streams end
+    except KeyboardInterrupt:
+        pass  # uvicorn re-raises the signal it handled: the stop was asked for, it is not an error
     finally:
         app.state.server.worker.close(save=True)
         log.info("stopped")

@@ -326,7 +326,7 @@ class Worker:
                         job.emit(Out("content", text))
                     if hit:
                         finish, stop_now = "stop_sequence", True
-            else:
+            elif step.token != self.tok.eos_id:  # the end of sentence is never text, in any phase
                 for ev in parser.feed(piece):
                     k = ev.kind
                     if k == "reasoning":
@@ -427,10 +427,16 @@ class _Args:
             self._is_str = text == "true"
             delta = ("{" if not self.text else ",") + compact_json(key) + ":" + ('"' if self._is_str else "")
         elif kind == "param_text":
-            # JSON escaping works character by character, so escaping each piece is exact.
-            delta = compact_json(text)[1:-1] if self._is_str else text
-        else:  # param_end
-            delta = '"' if self._is_str else ""
+            # JSON escaping works character by character, so escaping each piece is exact; a
+            # JSON value waits for its end to be re-encoded compactly.
+            delta = compact_json(text)[1:-1] if self._is_str else ""
+        elif self._is_str:  # param_end
+            delta = '"'
+        else:
+            try:
+                delta = compact_json(json.loads(text))
+            except ValueError:
+                delta = text.strip() or "null"  # not JSON: passed on as written (parse() does the same)
         self.text += delta
         return delta
 
