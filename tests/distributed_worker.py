@@ -47,10 +47,18 @@ def scenario(engine, out: str, single_blob: bytes | None) -> None:
 
 
 def main() -> int:
+    import os
+
     path, split, kernels, out = sys.argv[1:5]
     single = sys.argv[5] if len(sys.argv) > 5 else None
+    from ds4agent.engine import distributed
     from ds4agent.engine.distributed import follow, open_engine
 
+    rank = int(os.environ["MLX_RANK"])
+    if "," in path:  # one model file per rank: the handshake must refuse a mismatch
+        path = path.split(",")[rank]
+    if os.environ.get("DS4_TEST_VERSION") and rank == 1:  # another ds4agent version on rank 1
+        distributed.__version__ = os.environ["DS4_TEST_VERSION"]
     engine = open_engine(path, split, backend="cpu", kernels=kernels)
     if engine.distributed.rank != 0:
         return follow(engine)

@@ -47,7 +47,7 @@ def run_single(path: Path, kernels: str, out: Path, snapshot_out: Path | None = 
 
 def run_group(path: Path, split: str, n: int, kernels: str, out: Path, single_blob: Path) -> dict:
     r = launch(n, [str(WORKER), str(path), split, kernels, str(out), str(single_blob)])
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert r.returncode == 0 and "exited with code" not in r.stderr, r.stdout[-3000:] + r.stderr[-3000:]
     return dict(np.load(out))
 
 
@@ -98,3 +98,121 @@ def test_group_matches_one_process(demo_path: Path, single: dict, tmp_path: Path
     single["_path"] = demo_path
     group = run_group(demo_path, split, n, "cpu-exact", tmp_path / "g.npz", single["_snap"])
     _compare(group, single, exact=split == "pipeline")
+
+
+# -- refused at start --------------------------------------------------------------------------
+
+def test_mismatched_model_file_is_refused_naming_the_host(demo_path: Path, tmp_path: Path) -> None:
+    from ds4agent.modelfile.demo import write_demo
+
+    other = write_demo(tmp_path / "other.gguf", "tiny", 1)  # same layout, other weights
+    r = launch(2, [str(WORKER), f"{demo_path},{other}", "pipeline", "cpu-exact", str(tmp_path / "x.npz")], 120)
+    text = r.stdout + r.stderr  # (mlx.launch itself exits 0 whatever its ranks do)
+    assert "rank 0 exited with code 1" in text and "rank 1 exited with code 1" in text, text[-2000:]
+    assert "rank 1 (" in text and "different model file" in text and str(other) in text, text[-2000:]
+    assert not (tmp_path / "x.npz").exists()
+
+
+def test_mismatched_version_is_refused(demo_path: Path, tmp_path: Path) -> None:
+    r = launch(2, [str(WORKER), str(demo_path), "experts", "cpu-exact", str(tmp_path / "x.npz")], 120,
+               env={"DS4_TEST_VERSION": "9.9.9"})
+    text = r.stdout + r.stderr
+    assert "rank 0 exited with code 1" in text and "rank 1 exited with code 1" in text, text[-2000:]
+    assert "rank 1 (" in text and "runs ds4agent 9.9.9" in text, text[-2000:]
+
+
+def test_bad_hostfile_and_hosts_are_refused_in_one_line(demo_path: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "hosts.json"
+    cases = [
+        (["--hostfile", str(tmp_path / "missing.json")], "missing.json"),
+        (["--hosts", "localhost,no-such-host.invalid"], "no-such-host.invalid"),
+        (["--hosts", "localhost"], "at least two hosts"),
+        (["--split", "experts"], "needs a group"),
+    ]
+    bad.write_text('[{"ssh": "mac1", "ips": ["10.0.0.300"]}, {"ssh": "mac2"}]')
+    cases.append((["--hostfile", str(bad)], "mac1"))
+    for extra, needle in cases:
+        r = subprocess.run([sys.executable, "-m", "ds4agent.cli", "-m", str(demo_path), "-p", "hi", "-n", "1",
+                            "--backend", "cpu", *extra], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                           env={k: v for k, v in os.environ.items() if not k.startswith("MLX_")})
+        assert r.returncode == 2, (extra, r.stderr)
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("ds4: error:") and needle in lines[0], (extra, r.stderr)
+
+
+# -- a rank that dies ----------------------------------------------------------------------------
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                out.append(int(d.name))
+    return out
+
+
+def _rank_of(pid: int) -> int | None:
+    try:
+        env = (Path("/proc") / str(pid) / "environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    for e in env:
+        if e.startswith(b"MLX_RANK="):
+            return int(e[9:])
+    return None
+
+
+@pytest.mark.parametrize("victim", [1, 0])
+def test_killed_rank_stops_the_others_with_one_message(demo_path: Path, victim: int) -> None:
+    """Three ranks via --hosts (this ds4 is rank 0); mid-generation one rank gets SIGKILL: the
+    others exit within seconds, rank 0 with one message naming the rank."""
+    import signal
+    import time
+
+    cmd = [sys.executable, "-m", "ds4agent.cli", "-m", str(demo_path), "-p", "hello", "-n", "100000", "--temp", "0",
+           "--ctx", "4096", "--backend", "cpu", "--kernels", "cpu-exact", "--hosts", "localhost,localhost,localhost"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLX_")}
+    env["DS4_DIST_PORT"] = str(PORT[0])
+    PORT[0] += 6
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT, env=env)
+    try:
+        os.set_blocking(p.stdout.fileno(), False)
+        deadline = time.monotonic() + 150
+        got = b""
+        while len(got) < 3 and time.monotonic() < deadline and p.poll() is None:  # tokens are coming
+            time.sleep(0.2)
+            got += p.stdout.read() or b""
+        assert len(got) >= 3, p.stderr.read().decode() if p.poll() is not None else "no output"
+        followers = {_rank_of(c): c for c in _children(p.pid)}
+        assert set(followers) == {1, 2}, followers
+        target = p.pid if victim == 0 else followers[victim]
+        os.kill(target, signal.SIGKILL)
+        t0 = time.monotonic()
+        others = [c for r, c in followers.items() if r != victim]
+        if victim != 0:
+            p.wait(timeout=20)
+            err = p.stderr.read().decode()
+            assert p.returncode == 1, err
+            lines = [ln for ln in err.splitlines() if ln.startswith("ds4: error:")]
+            assert len(lines) == 1 and f"rank {victim} (" in lines[0] and "stopped" in lines[0], err
+            assert "Traceback" not in err, err
+        for c in others:  # the followers left too (they are not our children: poll /proc)
+            while Path(f"/proc/{c}").exists() and (Path(f"/proc/{c}/stat").read_text().rsplit(")", 1)[1].split()[0]
+                                                   != "Z") and time.monotonic() - t0 < 20:
+                time.sleep(0.1)
+            state = Path(f"/proc/{c}/stat").read_text().rsplit(")", 1)[1].split()[0] if Path(f"/proc/{c}").exists() else "gone"
+            assert state in ("Z", "gone"), (c, state)
+        assert time.monotonic() - t0 < 20
+    finally:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+        for c in _children(p.pid):
+            try:
+                os.kill(c, signal.SIGKILL)
+            except OSError:
+                pass

@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 STEP, SNAPSHOT, RESTORE, QUIT = 1, 2, 3, 4
 HEADER = 8
 INFO_BYTES = 1024  # each rank's description at the handshake, JSON padded to a fixed size
+_FILTER = None  # the process's StderrFilter, once it joined a group
 JOIN_TIMEOUT = 60.0  # seconds for the group to form (a model file opens in seconds)
 
 
@@ -321,8 +322,13 @@ def open_engine(path, split: str, backend: str = "auto", ctx: int = 32768, kerne
         except GroupError as e:
             raise EngineError(str(e)) from None
     rank, size = group.rank(), group.size()
+    global _FILTER
+    if _FILTER is None and os.environ.get("DS4_DIST_VERBOSE") != "1":
+        _FILTER = StderrFilter()  # MLX's ring backend says a closed socket ten times; we say it once
+        atexit.register(_FILTER.close)  # everything written to stderr reaches it before exit
     # Names are what the user wrote in the hostfile where we know it, else this host's name.
-    link = Link(group, [f"rank {r}" for r in range(size)], timeout)
+    report = None if _FILTER is None else (lambda msg: _FILTER.write(f"ds4: error: {msg}\n"))
+    link = Link(group, [f"rank {r}" for r in range(size)], timeout, report)
     try:
         engine = Engine.open(path, backend=backend, ctx=ctx, kernels=kernels)
     except Exception as e:  # noqa: BLE001 - the others must hear about it, not hang at the handshake

@@ -41,6 +41,7 @@ from .launch import GroupError
 
 DEFAULT_TIMEOUT = 30.0  # seconds a one-token step may wait for another process (DS4_DIST_TIMEOUT)
 BACKSTOP = 8  # seconds after a failure before SIGALRM ends a process that is still running
+NOTICE = b"\0DS4FAIL"  # starts a failure notice on a ring socket (see Link.fail)
 KEEPALIVE = (3, 1, 3)  # idle seconds, probe interval, probes: a vanished host is found in about 6 s
 
 
@@ -220,6 +221,9 @@ class Link:
         self.names = names
         self.timeout = timeout or timeout_setting()
         self.report = report or (lambda msg: sys.stderr.write(f"ds4: error: {msg}\n"))
+        # A follower that ds4 --hosts started leaves the message to rank 0 (whose terminal its
+        # stderr shares); under mlx.launch every rank says it.
+        self.quiet = os.environ.get("DS4_GROUP_FOLLOWER") == "1"
         self.sent = 0  # bytes this process sent point to point
         self.reduced = 0  # bytes of arrays it summed or gathered with the others
         self.messages = 0  # sends, sums and gathers
@@ -262,14 +266,28 @@ class Link:
         return None
 
     def fail(self, msg: str) -> GroupError:
-        """Mark the group broken with ``msg`` (shown once), arm the backstop, return the error."""
+        """Mark the group broken with ``msg`` (shown once), arm the backstop, return the error.
+
+        Before closing, the message goes to both neighbours as a notice (NOTICE, then the text)
+        on the ring's own sockets: the group is dead, so nothing else will be read from them,
+        and a neighbour that waits for its next message reads the notice instead and passes the
+        true cause on round the ring, so rank 0 names the process that failed first (not the
+        neighbour that closed after it)."""
         if self.broken is None:
             self.broken = msg
-            self.report(msg)
+            if self.quiet is False or self.rank == 0:
+                self.report(msg)
             try:
                 signal.alarm(BACKSTOP)  # SIGALRM's default action ends the process
             except (ValueError, OSError):
                 pass
+            note = NOTICE + msg.encode("utf-8", "replace")[:4000] + b"\n"
+            for s in self._all_socks():
+                try:
+                    s.setblocking(False)
+                    s.send(note)  # best effort: a full buffer or a gone peer loses only the notice
+                except OSError:
+                    pass
             for s in self._all_socks():  # the neighbours learn it now, not at their deadline
                 try:
                     s.shutdown(socket.SHUT_RDWR)
@@ -277,11 +295,38 @@ class Link:
                     pass
         return GroupError(self.broken)
 
+    def _notice(self, socks: list[socket.socket]) -> str | None:
+        """A failure notice waiting at the head of one of these sockets, if there is one."""
+        for s in socks:
+            try:
+                head = s.recv(len(NOTICE), socket.MSG_PEEK | socket.MSG_DONTWAIT)
+            except OSError:
+                continue
+            if head != NOTICE:
+                continue
+            data, end = b"", time.monotonic() + 1.0
+            while not data.endswith(b"\n") and time.monotonic() < end:
+                try:
+                    chunk = s.recv(4096, socket.MSG_DONTWAIT)
+                except BlockingIOError:
+                    time.sleep(0.01)
+                    continue
+                except OSError:
+                    break
+                if not chunk:
+                    break
+                data += chunk
+            return data[len(NOTICE):].decode("utf-8", "replace").strip() or None
+        return None
+
     def _lost(self, what: str, peer: int | None, cause: BaseException) -> GroupError:
         if self.broken is not None:
             return GroupError(self.broken)
         if self._fired:
             return self.fail(self._fired)
+        note = self._notice(self._all_socks())
+        if note:
+            return self.fail(note)
         who = self._closed_side()
         who = peer if who is None and peer is not None and self.size == 2 else who
         if who is not None:
@@ -346,6 +391,9 @@ class Link:
             ready = poller.poll(None if seconds is None else int(seconds * 1000))
         except (OSError, ValueError) as e:
             raise self._lost(what, src, e) from None
+        note = self._notice(socks) if ready else None
+        if note:
+            raise self.fail(note)
         if not ready:
             raise self.fail(f"no answer from {self.name(src)} for {seconds:.0f} s while {what}; the group is stopped")
 
