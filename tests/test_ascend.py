@@ -108,9 +108,13 @@ def test_only_the_selected_experts_are_dequantised(torch_engine, monkeypatch) ->
     never a whole expert tensor; over a prefill, a short product and decode."""
     from ds4agent.engine.ascend import registry
 
-    calls: list[tuple[set, set]] = []
+    calls: list[tuple[set, set, int]] = []  # (selected, asked for, expert matrices dequantised)
     current: dict = {}
-    real_experts, real_packed = plain.experts, aweights.Packed.experts
+    real_experts, real_packed, real_dq = plain.experts, aweights.Packed.experts, aweights.dequantize
+
+    def dq(raw, qtype):  # what the expert bytes handed to the dequantiser hold
+        current["n"] += raw.shape[0] if raw.dim() == 3 else 1
+        return real_dq(raw, qtype)
 
     def packed_experts(self, ids):
         assert ids.numel() == len(set(ids.tolist()))  # each expert once per call
@@ -118,11 +122,12 @@ def test_only_the_selected_experts_are_dequantised(torch_engine, monkeypatch) ->
         return real_packed(self, ids)
 
     def experts(x, sel, weights, mats, clamp):
-        current["got"] = set()
+        current["got"], current["n"] = set(), 0
         out = real_experts(x, sel, weights, mats, clamp)
-        calls.append((set(sel.reshape(-1).tolist()), current["got"]))
+        calls.append((set(sel.reshape(-1).tolist()), current["got"], current["n"]))
         return out
 
+    monkeypatch.setattr(aweights, "dequantize", dq)
     monkeypatch.setattr(aweights.Packed, "experts", packed_experts)
     monkeypatch.setitem(registry._PLAIN, "experts", experts)
     s = torch_engine.session()
@@ -130,10 +135,12 @@ def test_only_the_selected_experts_are_dequantised(torch_engine, monkeypatch) ->
     s.sync(s.tokens + [5, 6, 7])
     s.eval(9)
     assert len(calls) == 3 * torch_engine.info.config.n_layer
-    for selected, got in calls:
+    for selected, got, n in calls:
         assert got == selected
+        assert n == 3 * len(selected)  # gate, up, down of each selected expert, nothing else
     # decoding one token (the last n_layer calls) dequantises its 2 experts of 16, per layer
-    assert all(len(got) <= torch_engine.info.config.n_expert_used for _, got in calls[-torch_engine.info.config.n_layer:])
+    assert all(len(got) <= torch_engine.info.config.n_expert_used
+               for _, got, _ in calls[-torch_engine.info.config.n_layer:])
 
 
 # -- QAT rounding ---------------------------------------------------------------------------------
