@@ -1,7 +1,7 @@
 """Mutation testing of one module against its fast tests (docs/testing.md).
 
 Usage:
-  python bench/mutate.py MODULE [--list] [--only N,M] [--scope NAME] [--json PATH]
+  python bench/mutate.py MODULE [--list] [--only N,M] [--scope NAME] [--sample N] [--json PATH]
   python bench/mutate.py --modules
 
 MODULE is a path such as ds4agent/engine/sampler.py; bench/mutation.toml names the tests that
@@ -371,7 +371,13 @@ def find_mutants(path: Path) -> list[Mutant]:
     out: list[Mutant] = []
     seen: dict[str, int] = {}
     text_lines = source.decode().split("\n")
-    top_starts = [s.lineno for s in tree.body]
+    # A statement starts at its first decorator (a decorator's mutant belongs to its class).
+    top_starts = [min([s.lineno] + [d.lineno for d in getattr(s, "decorator_list", [])]) for s in tree.body]
+    base_dumps = [ast.dump(s) for s in tree.body]
+
+    def first_line(offset: int) -> int:
+        return source[:offset].count(b"\n") + 1
+
     for a, b, text, line, scope, target, stmt_line in sorted(set(f.found), key=lambda t: (t[0], t[1], t[2])):
         mutated = source[:a] + text.encode() + source[b:]
         try:
@@ -380,7 +386,11 @@ def find_mutants(path: Path) -> list[Mutant]:
             continue
         if len(new_tree.body) != len(tree.body):
             continue
-        if ast.dump(new_tree) == ast.dump(tree):
+        # Only the enclosing top-level statement can differ: comparing it alone keeps listing a
+        # 4000-mutant module to seconds (dumping the whole tree per mutant took minutes).
+        top = max(i for i, s in enumerate(top_starts) if s <= line) if line >= top_starts[0] else 0
+        ai = max(i for i, s in enumerate(top_starts) if s <= first_line(a)) if first_line(a) >= top_starts[0] else 0
+        if all(ast.dump(new_tree.body[i]) == base_dumps[i] for i in {top, ai}):
             continue
         first = source[:a].count(b"\n")
         new_lines = mutated.decode().split("\n")
@@ -391,7 +401,6 @@ def find_mutants(path: Path) -> list[Mutant]:
                 if i >= len(new_lines) or text_lines[i] != new_lines[i]:
                     old, new = text_lines[i].strip(), (new_lines[i].strip() if i < len(new_lines) else "")
                     break
-        top = max(i for i, s in enumerate(top_starts) if s <= line) if line >= top_starts[0] else 0
         key = f"{scope} | {old} => {new}"
         seen[key] = seen.get(key, 0) + 1
         if seen[key] > 1:
@@ -646,6 +655,32 @@ def _pytest(args: list[str], recorder: _Recorder, basetemp: Path) -> int:
     return int(pytest.main(opts + args, plugins=[recorder]))
 
 
+def _reuse_session_setup(cache: Path) -> None:
+    """Each mutant's pytest run is a new session: conftest would write the demo models and the
+    isolated home would rebuild the CPU kernels every time (seconds per mutant, most of a run).
+    Here the demo models conftest asks for are written once and the kernels built once. Only
+    conftest's own calls are cached: a test that writes a model for itself still gets a fresh one."""
+    from ds4agent import settings as ds4_settings
+    from ds4agent.modelfile import demo
+
+    kernels = cache / "kernels"
+    ds4_settings.kernels_dir = lambda: kernels
+    real = demo.write_demo
+    written: dict[tuple, Path] = {}
+
+    def write_demo(path, preset: str = "tiny", seed: int = 0) -> Path:
+        if not sys._getframe(1).f_code.co_filename.endswith("conftest.py"):
+            return real(path, preset, seed)
+        key = (Path(path).name, preset, seed)
+        if key not in written:
+            d = cache / f"{preset}-{seed}"
+            d.mkdir(exist_ok=True)
+            written[key] = real(d / Path(path).name, preset, seed)
+        return written[key]
+
+    demo.write_demo = write_demo
+
+
 def worker(module: str) -> None:
     """Reads requests on stdin, one JSON object a line; answers on the original stdout."""
     out = os.fdopen(os.dup(1), "w", buffering=1)
@@ -661,6 +696,7 @@ def worker(module: str) -> None:
     settings.register_profile("mutate", database=None, deadline=None, derandomize=True,
                               suppress_health_check=list(HealthCheck))
     settings.load_profile("mutate")
+    _reuse_session_setup(Path(tempfile.mkdtemp(prefix="ds4-mutate-cache-")))
     applier = Applier(ROOT / module)
     basetemp = Path(tempfile.mkdtemp(prefix="ds4-mutate-"))
     for line in sys.stdin:
@@ -743,6 +779,11 @@ def run(module: str, args: argparse.Namespace) -> int:
     if args.only:
         want = {int(x) for x in args.only.split(",")}
         mutants = [m for m in mutants if m.n in want]
+    if args.sample and len(mutants) > args.sample:
+        # Evenly spaced through the module (the same ones every run): an estimate of the score
+        # of a module too large to run whole, e.g. the shell classifier's 4000 mutants.
+        step = len(mutants) / args.sample
+        mutants = [mutants[int(i * step)] for i in range(args.sample)]
     if args.list:
         for m in mutants:
             print(f"{m.n:4d} L{m.line:<5d} {m.key}")
@@ -831,6 +872,7 @@ def main() -> int:
     ap.add_argument("--list", action="store_true", help="list the mutants without running anything")
     ap.add_argument("--only", help="comma-separated mutant numbers")
     ap.add_argument("--scope", help="only mutants inside this function or class (qualname)")
+    ap.add_argument("--sample", type=int, help="run only N mutants, evenly spaced (a large module's estimate)")
     ap.add_argument("--json", help="write every mutant and its result to this file")
     ap.add_argument("--check-every", type=int, default=40, help="rerun the unmutated tests every N mutants")
     ap.add_argument("--fail-under", type=float, default=90.0, help="exit 1 below this score (percent)")
