@@ -60,13 +60,46 @@ def main() -> int:
     if os.environ.get("DS4_TEST_VERSION") and rank == 1:  # another ds4agent version on rank 1
         distributed.__version__ = os.environ["DS4_TEST_VERSION"]
     engine = open_engine(path, split, backend="cpu", kernels=kernels)
-    if engine.distributed.rank != 0:
-        return follow(engine)
+    spy = os.environ.get("DS4_TEST_SPY")
+    touched = _spy(engine) if spy else None
     try:
-        scenario(engine, out, open(single, "rb").read() if single else None)
+        if engine.distributed.rank != 0:
+            return follow(engine)
+        try:
+            scenario(engine, out, open(single, "rb").read() if single else None)
+        finally:
+            engine.close()
+        return 0
     finally:
-        engine.close()
-    return 0
+        if spy:
+            import json
+
+            with open(os.path.join(spy, f"rank{rank}.json"), "w") as f:
+                json.dump({k: sorted(v) for k, v in touched.items()}, f)
+
+
+def _spy(engine) -> dict[str, set]:
+    """Record, from now on, every tensor this rank reads out of its mmap and every routed
+    expert its kernels compute (the pages it touches are those tensors', those experts' rows)."""
+    dist = engine.distributed
+    f, k = engine._file, dist.model.k
+    touched: dict[str, set] = {"tensors": set(), "experts": set()}
+    real_array, real_raw, real_experts = f.array, f.raw, k.experts
+
+    def array(name):
+        touched["tensors"].add(name)
+        return real_array(name)
+
+    def raw(name):
+        touched["tensors"].add(name)
+        return real_raw(name)
+
+    def experts(layer, x, sel, weights, clamp):
+        touched["experts"].update(f"{layer}:{int(e)}" for e in np.asarray(sel).ravel())
+        return real_experts(layer, x, sel, weights, clamp)
+
+    f.array, f.raw, k.experts = array, raw, experts
+    return touched
 
 
 if __name__ == "__main__":

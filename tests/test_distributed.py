@@ -45,8 +45,10 @@ def run_single(path: Path, kernels: str, out: Path, snapshot_out: Path | None = 
     return dict(np.load(out))
 
 
-def run_group(path: Path, split: str, n: int, kernels: str, out: Path, single_blob: Path) -> dict:
-    r = launch(n, [str(WORKER), str(path), split, kernels, str(out), str(single_blob)])
+def run_group(path: Path, split: str, n: int, kernels: str, out: Path, single_blob: Path,
+              spy: Path | None = None) -> dict:
+    r = launch(n, [str(WORKER), str(path), split, kernels, str(out), str(single_blob)],
+               env={"DS4_TEST_SPY": str(spy)} if spy else None)
     assert r.returncode == 0 and "exited with code" not in r.stderr, r.stdout[-3000:] + r.stderr[-3000:]
     return dict(np.load(out))
 
@@ -96,8 +98,43 @@ def _single_continue(single: dict) -> np.ndarray:
 @pytest.mark.parametrize("split,n", [("pipeline", 2), ("pipeline", 3), ("experts", 2), ("experts", 3)])
 def test_group_matches_one_process(demo_path: Path, single: dict, tmp_path: Path, split: str, n: int) -> None:
     single["_path"] = demo_path
-    group = run_group(demo_path, split, n, "cpu-exact", tmp_path / "g.npz", single["_snap"])
+    group = run_group(demo_path, split, n, "cpu-exact", tmp_path / "g.npz", single["_snap"], spy=tmp_path)
     _compare(group, single, exact=split == "pipeline")
+    _check_pages(demo_path, split, n, tmp_path)
+
+
+def _check_pages(path: Path, split: str, n: int, spy: Path) -> None:
+    """Each rank read only its share of the mmap: a pipeline stage its layers' tensors (and
+    the embedding on the first stage, the head on the last); an expert split only its routed
+    experts (every rank reads the other tensors, each only its rows of the split matrices)."""
+    import json
+
+    from ds4agent.engine import split as splits
+    from ds4agent.modelfile.config import config_from_gguf
+    from ds4agent.modelfile.gguf import GGUFFile
+
+    with GGUFFile(path) as f:
+        cfg = config_from_gguf(f)
+        sizes = {name: t.nbytes for name, t in f.tensors.items()}
+        block = splits.block_width(f.tensors["blk.0.ffn_down_shexp.weight"].type)
+    seen_experts = set()
+    for rank in range(n):
+        got = json.loads((spy / f"rank{rank}.json").read_text())
+        plan = splits.plan(cfg, sizes, split, n, rank, block)
+        experts = {tuple(map(int, e.split(":"))) for e in got["experts"]}
+        assert experts, rank  # the spy saw the work
+        if split == "pipeline":
+            layers = {int(t.split(".")[1]) for t in got["tensors"] if t.startswith("blk.")}
+            assert layers == set(plan.layers), (rank, layers, plan.layers)
+            assert ("token_embd.weight" in got["tensors"]) == (plan.stage == 0), rank
+            assert any(t.startswith("output") for t in got["tensors"]) == (plan.stage == n - 1), rank
+            assert {layer for layer, _ in experts} <= set(plan.layers)
+        else:
+            e0, e1 = plan.experts
+            assert all(e0 <= e < e1 for _, e in experts), (rank, plan.experts, sorted(experts)[:5])
+            seen_experts |= experts
+    if split == "experts":
+        assert len({e for _, e in seen_experts}) > n  # the routing spread over several ranks' experts
 
 
 # -- refused at start --------------------------------------------------------------------------
