@@ -194,7 +194,11 @@ def build_parser() -> argparse.ArgumentParser:
     agent_common = [
         ag.add_argument("-p", "--prompt", metavar="TASK", help="run one task headless and exit ('-' reads stdin); "
                         "the exit status says why it stopped (see README)"),
-        ag.add_argument("--json", action="store_true", help="with -p: one JSON object per event on stdout"),
+        ag.add_argument("--json", action="store_true", help="with -p: ds4's own JSON line per event on stdout "
+                        "(the same as --output-format events)"),
+        ag.add_argument("--output-format", choices=("text", "json", "stream-json", "events"), default=None,
+                        help="with -p: text (default), stream-json (Claude Code's event lines), json (Claude Code's "
+                             "one final object), events (ds4's JSON lines, = --json)"),
         ag.add_argument("--approval", choices=("ask", "auto-edit", "yolo"), default="ask",
                         help="ask (default): edits and commands need a yes; auto-edit: edits and read-only commands "
                              "run; yolo: all runs (dangerous commands always ask; headless, anything needing a yes is "
@@ -204,6 +208,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "and the temporary directory, .git read-only), read-only, or full-access (yolo's default)"),
         ag.add_argument("--resume", nargs="?", const="", metavar="SHA",
                         help="resume a saved session (a picker without SHA)")]
+    ag.add_argument("--undo", nargs="?", const=1, type=int, metavar="N",
+                    help="revert the agent's last N change sets in this workspace (default 1; your own edits are "
+                         "kept) and exit; --undo 0 lists them")
     ag.add_argument("--no-network", action="store_true", help="sandboxed shell commands get no network")
     ag.add_argument("--allow-write", action="append", default=[], metavar="DIR",
                     help="another directory sandboxed commands may write (a cache, say); repeatable")
@@ -432,22 +439,58 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 def cmd_agent(args: argparse.Namespace) -> int:
-    from .conversation import Agent
-    from .sessions import SessionStore
     from .modelfile import DEMO_BANNER, resolve_model
-    from .tools import Policy, Workspace
-    from .ui.agent_ui import pick_session, resume, run_agent_tty, run_headless
-    from .ui.chat import default_history_file, is_interactive
+    from .tools import Workspace
+    from .ui.agent_setup import SetupError, set_up
+    from .ui.agent_ui import run_undo
+    from .ui.chat import is_interactive
     from .ui.terminal import Out
 
+    if args.output_format is not None and args.json and args.output_format != "events":
+        raise UsageError("--json is --output-format events; give one of them")
+    output_format = args.output_format or ("events" if args.json else "text")
+    if args.undo is not None:
+        if args.prompt is not None:
+            raise UsageError("--undo reverts changes and exits; it takes no task (-p)")
+        return run_undo(Workspace.discover(), args.undo, Out(sys.stdout, tty=False))
     task = sys.stdin.read() if args.prompt == "-" else args.prompt
-    if args.json and task is None:
-        raise UsageError("--json needs a task (-p)")
+    if (args.json or args.output_format) and task is None:
+        raise UsageError(f"{'--json' if args.json else '--output-format'} needs a task (-p)")
     sampling = _sampling(args)
     choice = resolve_model(args.model)
     if choice.is_demo:
         print(DEMO_BANNER, file=sys.stderr)
     ws = Workspace.discover()
+    interactive = task is None and is_interactive(sys.stdin, sys.stdout)
+    try:
+        setup = set_up(ws, ask_key=_ask_key if interactive else None, say=print)
+    except SetupError as e:
+        raise UsageError(str(e)) from None
+    try:
+        return _run_agent(args, task, interactive, ws, setup, sampling, choice, output_format)
+    finally:
+        setup.close()  # the MCP servers stop with the agent, however it ends
+
+
+def _ask_key(question: str, keys: str) -> str:
+    from .ui.ask import ask_key
+
+    try:
+        return ask_key(question, keys)
+    except (EOFError, KeyboardInterrupt):
+        return "escape"
+
+
+def _run_agent(args: argparse.Namespace, task: str | None, interactive: bool, ws, setup, sampling, choice,
+               output_format: str) -> int:
+    from .conversation import Agent
+    from .sessions import SessionStore
+    from .tools import Policy
+    from .ui.agent_setup import banner_lines
+    from .ui.agent_ui import pick_session, resume, run_agent_tty, run_headless
+    from .ui.chat import default_history_file
+    from .ui.terminal import Out
+
     engine = _open_engine(choice.path, args, args.ctx)
     store = SessionStore(args.sessions) if args.sessions else SessionStore()
     policy = Policy(args.approval, sandbox=args.sandbox, network=not args.no_network,
@@ -455,8 +498,8 @@ def cmd_agent(args: argparse.Namespace) -> int:
     note = policy.startup_note()
     if note:
         print(f"ds4: {note}", file=sys.stderr)
-    agent = Agent(engine, ws, policy, None, sampling=sampling, max_tokens=args.tokens, mode=args.mode)
-    interactive = task is None and is_interactive(sys.stdin, sys.stdout)
+    agent = Agent(engine, ws, policy, None, sampling=sampling, max_tokens=args.tokens, mode=args.mode,
+                  extra_tools=setup.tools(), instructions=setup.instructions)
     err = Out(sys.stderr, tty=False)
     agent.prime(store)
     if args.resume is not None:
@@ -471,12 +514,12 @@ def cmd_agent(args: argparse.Namespace) -> int:
         if not resume(agent, store, sha, err):
             return 1
     if task is not None:
-        return run_headless(agent, task, args.json, sys.stdout, sys.stderr)
+        return run_headless(agent, task, output_format, sys.stdout, sys.stderr, setup.mcp_summary(), setup.git_commit)
     if not interactive:
         raise UsageError("ds4 agent needs a terminal, or a task with -p")
-    banner = (f"ds4agent {__version__} agent | {engine.info.name} | workspace {ws.root} | context {args.ctx} | "
-              f"approvals: {args.approval} | sandbox: {policy.describe(detail=True)}")
-    return run_agent_tty(agent, store, default_history_file(), banner)
+    banner = "\n".join([f"ds4agent {__version__} agent | {engine.info.name} | workspace {ws.root} | context {args.ctx} | "
+                        f"approvals: {args.approval} | sandbox: {policy.describe(detail=True)}", *banner_lines(setup)])
+    return run_agent_tty(agent, store, default_history_file(), banner, setup.git_commit, setup.status)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -340,36 +340,44 @@ def test_interactive_end_to_end(demo_path, repo, tmp_path) -> None:
 
 
 def test_tty_approver_answers_and_rendering(tmp_path) -> None:
+    """One key per answer (y, n, a, Esc), and what the call would do is shown before the key."""
     import io
 
     from ds4agent.tools import Request
     from ds4agent.ui.agent_ui import tty_approver
     from ds4agent.ui.terminal import Out, color_diff
 
-    out = Out(io.StringIO(), tty=True)
-    asked: list[str] = []
-    answers = iter(["y", "n", "a", "y", "a", "n", "y", "a", "n", "n", "a", ""])
+    out = Out(io.StringIO(), tty=False)
+    asked: list[tuple[str, str, str]] = []  # (question, keys offered, what was on screen when asked)
+    answers = iter(["y", "n", "a", "escape", "a", "v", "n"])
 
-    def ask(q: str) -> str:
-        asked.append(q)
+    def ask(q: str, keys: str) -> str:
+        asked.append((q, keys, out.stream.getvalue()))
         return next(answers)
 
     approve = tty_approver(out, ask)
+    diff = "--- a/src/app.py\n+++ b/src/app.py\n@@ -1 +1 @@\n-    return 1\n+    return 2\n"
     edit = Request("edit", "edit src/app.py", "changes a file", "edit", scope="file edits inside the workspace",
-                   grants=(("edit",),))
+                   grants=(("edit",),), preview=diff)
     shell = Request("bash", "$ pytest -x", "runs a shell command", "shell", scope="commands starting with `pytest`",
-                    grants=(("shell", "pytest"),))
+                    grants=(("shell", "pytest"),), details=("in /work/repo", "sandbox: workspace-write"))
     danger = Request("bash", "$ rm -rf /", "dangerous command (recursive delete)", "dangerous")
     assert [approve(edit), approve(edit)] == ["yes", "no"]
-    assert approve(shell) == "always"  # a, then confirmed
-    assert "`pytest`" in asked[-1] and "Always allow" in asked[-1]  # the prefix is shown in the confirmation
-    assert approve(shell) == "yes"  # a, not confirmed, then "this once"
-    assert approve(shell) == "no"  # a, not confirmed, not this once either
-    assert approve(danger) == "no"  # "a" means nothing where "always" is not offered
-    assert "[a]lways" not in asked[-1]
-    assert approve(edit) == "no"  # no answer is no
+    q, keys, screen = asked[0]
+    assert keys == "yna" and "+    return 2" in screen and "-    return 1" in screen  # the diff, before the key
+    assert approve(shell) == "always"  # one key: the scope was on screen before it was pressed
+    q, keys, screen = asked[-1]
+    assert "always allow commands starting with `pytest`" in screen and "in /work/repo" in screen
+    assert "sandbox: workspace-write" in screen
+    assert approve(shell) == "no"  # Esc
+    assert approve(danger) == "no"  # "a" is not offered: never "always"
+    assert asked[-1][1] == "yn" and "a always" not in asked[-1][0]
+    long = Request("edit", "write big.py", "changes a file", "edit", scope="file edits inside the workspace",
+                   grants=(("edit",),), preview="".join(f"+line {i}\n" for i in range(300)))
+    assert approve(long) == "no"  # v shows the rest, then n
+    assert "v" in asked[-2][1] and "+line 299" not in asked[-2][2] and "+line 299" in asked[-1][2]
     text = out.stream.getvalue()
-    assert "edit src/app.py" in text and "always allow commands starting with `pytest`" in text
+    assert "→ yes" in text and "→ always (commands starting with `pytest`)" in text and "→ no" in text
     colored = color_diff("--- a/x\n+++ b/x\n@@ -1 +1 @@\n-old\n+new\n")
     assert "\x1b[31m-old" in colored and "\x1b[32m+new" in colored
 

@@ -282,7 +282,7 @@ class Agent:
         found = self._instructions_for(name, data["input"]) if decision != "refused" else []
         if found:
             text += Instructions.as_result(found)
-        data.update(result=text, output=result.output)
+        data.update(result=text, output=result.output, denied=decision == "refused")
         if decision == "refused":
             self._refusals += 1
             yield Event("refused", result.summary, ok=False, data=data)

@@ -65,9 +65,12 @@ Runner = Callable[[str, Out, dict, Callable[[str], str]], None]
 def run_tty(conv: Conversation, store: SessionStore, history_file: Path | None, *, input=None, output=None,
             stdout: IO[str] | None = None, banner: str | None = None, on_step: Callable[[], None] | None = None,
             make_commands: Callable[[Out, Callable[[str], bool]], ChatCommands] | None = None,
-            runner: Runner | None = None, prompt: str = "ds4> ", status: Callable[[], str] | None = None) -> int:
+            runner: Runner | None = None, prompt: str = "ds4> ", status: Callable[[], str] | None = None,
+            on_key: dict[str, Callable[[bool], None]] | None = None) -> int:
     """The interactive loop. ``input``/``output``/``stdout`` are injectable for tests; the agent
-    passes its own commands, turn runner and status line part (approval mode and sandbox)."""
+    passes its own commands, turn runner and status line part (approval mode and sandbox), and
+    keys of its own (``on_key``: a Ctrl key such as "c-o" and what it does, called with True
+    while the model works, when it must not print, and with False at the prompt)."""
     from prompt_toolkit import PromptSession
     from prompt_toolkit.completion import Completer, Completion, PathCompleter
     from prompt_toolkit.document import Document
@@ -109,14 +112,27 @@ def run_tty(conv: Conversation, store: SessionStore, history_file: Path | None, 
     def _toggle(event) -> None:
         state["show_thinking"] = not state["show_thinking"]
 
-    def ask_text(question: str) -> str:
+    for name, action in (on_key or {}).items():
+        def at_prompt(event, action=action) -> None:
+            from prompt_toolkit.application import run_in_terminal
+
+            run_in_terminal(lambda: action(False))
+
+        kb.add(name)(at_prompt)
+
+    def ask_text(question: str, keys: str | None = None) -> str:
+        """A typed answer, or with ``keys`` one key pressed (ui/ask.py; "escape" for Esc)."""
         from .keys import suspended
 
         try:
             with suspended():
+                if keys is not None:
+                    from .ask import ask_key
+
+                    return ask_key(question, keys, input=input, output=output)
                 return session.prompt(question, bottom_toolbar=None, multiline=False, key_bindings=None).strip().lower()
         except (EOFError, KeyboardInterrupt):
-            return "n"
+            return "escape" if keys is not None else "n"
 
     def ask(question: str) -> bool:
         return ask_text(question) in ("", "y", "yes")
@@ -171,7 +187,9 @@ def run_tty(conv: Conversation, store: SessionStore, history_file: Path | None, 
             if not watch:
                 runner(text, out, state, ask_text)
                 continue
-            with KeyWatcher(on_escape=conv.stop.set) as keys:
+            watched = {chr(ord(name[2]) - 96): (lambda action=action: action(True))
+                       for name, action in (on_key or {}).items() if name.startswith("c-") and len(name) == 3}
+            with KeyWatcher(on_escape=conv.stop.set, on_key=watched) as keys:
                 runner(text, out, state, ask_text)
         queued += keys.queued
         draft = keys.partial

@@ -39,6 +39,10 @@ COMMANDS = (
     Command("/approval", "ask|auto-edit|yolo: how much runs without asking (no argument: the mode and the "
                          "session's 'always' answers; 'clear' forgets them)", ("agent",)),
     Command("/sandbox", "read-only|workspace-write|full-access: what shell commands may write", ("agent",)),
+    Command("/undo", "[N|list]: revert the agent's last change set (N: the last N; your own edits are kept)",
+            ("agent",)),
+    Command("/output", "[N]: the whole output of the last command (N: the Nth last); also Ctrl+O", ("agent",)),
+    Command("/mcp", "the MCP servers and their tools", ("agent",)),
     Command("/quit", "leave (also Ctrl+D)"),
 )
 ALIASES = {"/exit": "/quit"}

@@ -51,8 +51,10 @@ def stop_on_sigint(stop: threading.Event) -> Iterator[None]:
 
 
 class KeyWatcher:
-    def __init__(self, on_escape: Callable[[], None], fd: int | None = None) -> None:
+    def __init__(self, on_escape: Callable[[], None], fd: int | None = None,
+                 on_key: dict[str, Callable[[], None]] | None = None) -> None:
         self.on_escape = on_escape
+        self.on_key = on_key or {}  # control characters with a meaning of their own (Ctrl+O: "\x0f")
         self.fd = sys.stdin.fileno() if fd is None else fd
         self.queued: list[str] = []
         self.partial = ""
@@ -127,6 +129,8 @@ class KeyWatcher:
                         continue
                     self.escaped = True  # a lone Esc
                     self.on_escape()
+                elif ch in self.on_key:
+                    self.on_key[ch]()
                 elif ch in "\r\n":
                     if self.partial.strip():
                         self.queued.append(self.partial)

@@ -80,6 +80,25 @@ def color_diff(diff: str) -> str:
     return "\n".join(out)
 
 
+OUTPUT_TAIL = 5  # lines of a command's output shown under it; the rest is a key away
+EXPAND_HINT = "Ctrl+O or /output shows all"
+
+
+def output_tail(text: str, tty: bool, lines: int = OUTPUT_TAIL, hint: str = EXPAND_HINT) -> str:
+    """The last lines of a command's output, collapsed under its tool line: what ran is seen,
+    without the whole output pushing the conversation off the screen."""
+    body = text.rstrip("\n").splitlines()
+    if not body:
+        return ""
+    shown = body[-lines:]
+    out = []
+    if len(body) > lines:
+        out.append(f"  … {len(body) - lines} earlier line{'s' if len(body) - lines > 1 else ''} ({hint})")
+    out += ["  │ " + (ln if len(ln) <= 400 else ln[:400] + " …") for ln in shown]
+    text = "\n".join(out)
+    return (GREY + text + RESET if tty else text) + "\n"
+
+
 def stop_note(finish: str) -> str | None:
     """The note shown when a turn ended early (Event.finish)."""
     return {"interrupted": "interrupted", "withdrawn": "interrupted; your message was withdrawn",
@@ -168,6 +187,7 @@ class TurnView:
         self.r = Renderer(out, show_thinking)
         self.started = time.perf_counter()
         self.note: str | None = None  # why it stopped early, shown at the end
+        self.expand_hint = EXPAND_HINT if out.tty else "the JSON output formats carry it all"
 
     def _next_block(self) -> None:
         self.r.finish()
@@ -189,6 +209,9 @@ class TurnView:
             out.line(mark + ev.text, color)
             if ev.detail:
                 out.write((color_diff(ev.detail) if out.tty else ev.detail).rstrip("\n") + "\n")
+            output = (ev.data or {}).get("output")
+            if output:
+                out.write(output_tail(output, out.tty, hint=self.expand_hint))
             self.r = Renderer(out, self.show_thinking)
         elif k == "compacted":
             out.note(f"context compacted; summary: {ev.text}")
