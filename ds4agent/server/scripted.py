@@ -52,6 +52,7 @@ class ScriptedEngine:
         self.calls = 0
         self.evaluated = 0  # tokens prefilled, over all sessions
         self.prompts: list[list[int]] = []  # the tokens in the KV when each generation started
+        self.generated: list[int] = []  # tokens sampled by each generation (a cancelled one stops short)
         self._lock = threading.Lock()
 
     def next_completion(self) -> str:
@@ -126,7 +127,9 @@ class ScriptedSession:
         self.engine.prompts.append(list(self._tokens))
         ids = self.tokenizer.encode_rendered(self.engine.next_completion())
         eos = self.tokenizer.eos_id
+        self.engine.generated.append(0)
         for index, token in enumerate(ids[:max_tokens]):
+            self.engine.generated[-1] += 1
             if self.engine.token_seconds:
                 time.sleep(self.engine.token_seconds)
             finish = None
