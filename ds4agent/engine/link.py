@@ -1,4 +1,4 @@
-"""Messages and sums between the processes of a group, carried by mx.distributed (docs/model.md §10.3).
+"""Messages and sums between the processes of a group, carried by mx.distributed (docs/distributed.md).
 
 MLX moves every byte (the ring backend over TCP, JACCL over Thunderbolt RDMA, MPI, NCCL). This
 module adds what a product needs around it:

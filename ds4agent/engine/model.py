@@ -40,7 +40,7 @@ class Options:
 
 @dataclass(frozen=True)
 class Part:
-    """The share of every layer one process of an expert split computes (docs/model.md §10.2;
+    """The share of every layer one process of an expert split computes (docs/distributed.md;
     engine/split.py chooses it). Everything else (norms, hyper-connections, the KV projection,
     compressors, indexer, router) is computed in full by every process, so their KV states are
     equal and every discrete choice (experts, indexer rows) is made alike."""

@@ -1,4 +1,4 @@
-"""How one model is divided among the N processes of a group (docs/model.md §10).
+"""How one model is divided among the N processes of a group (docs/distributed.md).
 
 Pure arithmetic on the model's configuration and tensor sizes: every process computes the
 same plan from the same file, so nothing about it is sent.

@@ -1,0 +1,175 @@
+"""Several processes with mx.distributed: what each split reads, sends and gains (docs/distributed.md).
+
+Usage: python bench/distributed.py [MODEL.gguf] [--ranks 2,3] [--prompt N] [--gen N]
+                                   [--mem-gbs 400] [--link-gbps 10] [--latency-us 100]
+
+1. Measured on this machine (loopback, ring backend, every rank on the same CPU cores): prefill
+   and decode speed of each split against one process, and the bytes each rank sent and summed
+   per decoded token (the Link's counters: arrays only, no TCP framing).
+2. On paper, for the published Flash layout (a header-only file of the real tensor sizes):
+   bytes of weights each rank reads per decoded token (engine/split.read_per_token: what it
+   computes; routed experts as k/n of them on average), bytes communicated per token, and the
+   expected decode speed on two or three machines from those volumes, each machine's memory
+   bandwidth, the link's bandwidth and its latency per message.
+
+Loopback speed says little about two machines (the ranks share this CPU and memory); the
+paper estimate is what the measured volumes predict there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve()
+
+
+def worker(path: str, split: str, prompt: int, gen: int, out: str, kernels: str | None) -> int:
+    """One rank (under mlx.launch): rank 0 times prefill and decode; every rank reports counters."""
+    from ds4agent.engine.distributed import follow, open_engine
+
+    engine = open_engine(path, split, backend="cpu", ctx=prompt + gen + 16, kernels=kernels)
+    dist = engine.distributed
+    link = dist.link
+    if dist.rank != 0:
+        code = follow(engine)
+        return code
+    ids = np.random.default_rng(0).integers(100, 120000, prompt).tolist()
+    s = engine.session()
+    s.sync(ids[:8])  # warm-up: dense weights materialised on every rank
+    s = engine.session()
+    t = time.perf_counter()
+    s.sync(ids)
+    pre = time.perf_counter() - t
+    before = (link.sent, link.reduced, link.messages)
+    t = time.perf_counter()
+    for _ in range(gen):
+        s.eval(int(np.argmax(s.logits)))
+    dec = time.perf_counter() - t
+    sent, reduced, msgs = (a - b for a, b in zip((link.sent, link.reduced, link.messages), before))
+    engine.close()
+    with open(out, "w") as f:
+        json.dump({"prefill_tps": prompt / pre, "decode_tps": gen / dec, "sent_per_token_rank0": sent / gen,
+                   "reduced_per_token_rank0": reduced / gen, "messages_per_token_rank0": msgs / gen}, f)
+    return 0
+
+
+def single(path: str, prompt: int, gen: int, kernels: str | None) -> dict:
+    from ds4agent.engine import Engine
+
+    e = Engine.open(path, backend="cpu", ctx=prompt + gen + 16, kernels=kernels)
+    ids = np.random.default_rng(0).integers(100, 120000, prompt).tolist()
+    s = e.session()
+    s.sync(ids[:8])
+    s = e.session()
+    t = time.perf_counter()
+    s.sync(ids)
+    pre = time.perf_counter() - t
+    t = time.perf_counter()
+    for _ in range(gen):
+        s.eval(int(np.argmax(s.logits)))
+    dec = time.perf_counter() - t
+    e.close()
+    return {"prefill_tps": prompt / pre, "decode_tps": gen / dec}
+
+
+def measured(path: str, ranks: list[int], prompt: int, gen: int, kernels: str | None) -> None:
+    one = single(path, prompt, gen, kernels)
+    print(f"## measured on loopback ({path}, {prompt}-token prompt, {gen} decoded tokens, kernels {kernels or 'auto'})")
+    print(f"one process: prefill {one['prefill_tps']:.1f} t/s, decode {one['decode_tps']:.2f} t/s")
+    launch = Path(sys.executable).parent / "mlx.launch"
+    for split in ("pipeline", "experts"):
+        for n in ranks:
+            with tempfile.TemporaryDirectory() as d:
+                out = os.path.join(d, "r.json")
+                cmd = [str(launch), "-n", str(n), "--backend", "ring", "--starting-port", str(41000 + 10 * n),
+                       "--python", sys.executable, "--", str(HERE), path, "--worker", split, "--prompt", str(prompt),
+                       "--gen", str(gen), "--out", out] + (["--kernels", kernels] if kernels else [])
+                r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+                if not os.path.exists(out):
+                    print(f"{split} x{n}: failed\n{r.stderr[-2000:]}")
+                    continue
+                m = json.load(open(out))
+            print(f"{split:8s} x{n}: prefill {m['prefill_tps']:.1f} t/s ({m['prefill_tps'] / one['prefill_tps']:.2f}x), "
+                  f"decode {m['decode_tps']:.2f} t/s ({m['decode_tps'] / one['decode_tps']:.2f}x); rank 0 per token: "
+                  f"sent {m['sent_per_token_rank0'] / 1024:.1f} KiB, summed/gathered "
+                  f"{m['reduced_per_token_rank0'] / 1024:.1f} KiB in {m['messages_per_token_rank0']:.0f} messages")
+
+
+def paper(mem_gbs: float, link_gbps: float, latency_us: float, ranks: list[int]) -> None:
+    from ds4agent.engine import split as splits
+    from ds4agent.modelfile.config import FLASH
+    from ds4agent.modelfile.demo import write_model
+    from ds4agent.modelfile.gguf import GGUFFile
+
+    with tempfile.TemporaryDirectory() as d:
+        path = write_model(os.path.join(d, "flash.gguf"), FLASH, "tiny", with_data=False)
+        with GGUFFile(path) as f:
+            infos = [splits.TensorInfo(t.name, t.nbytes, t.nbytes // t.shape[0], t.shape[0]) for t in f.tensors.values()]
+            sizes = {t.name: t.nbytes for t in f.tensors.values()}
+            block = splits.block_width(f.tensors["blk.0.ffn_down_shexp.weight"].type)
+    c = FLASH
+    one = splits.read_per_token(c, infos, splits.plan(c, sizes, "experts", 1, 0, block))
+    bw, link, lat = mem_gbs * 1e9, link_gbps * 1e9 / 8, latency_us * 1e-6
+    t_one = one / bw
+    print(f"\n## on paper: DeepSeek V4 Flash q2 ({sum(sizes.values()) / 2**30:.1f} GiB), memory {mem_gbs:.0f} GB/s per "
+          f"machine, link {link_gbps:.0f} Gb/s and {latency_us:.0f} us per message")
+    print(f"one machine: reads {one / 2**30:.2f} GiB per decoded token -> at most {1 / t_one:.1f} t/s")
+    hidden = c.hc_count * c.n_embd * 4  # the hyper-connection streams of one token, float32
+    for n in ranks:
+        for split in ("pipeline", "experts"):
+            reads = [splits.read_per_token(c, infos, splits.plan(c, sizes, split, n, r, block)) for r in range(n)]
+            if split == "pipeline":
+                # Decode runs the stages one after another: the reads add up, plus one hop per boundary.
+                comm = (n - 1) * hidden + 8 * 8 + 4  # hidden state per boundary, the command
+                t = sum(reads) / bw + (n - 1) * (lat + hidden / link) + lat
+                note = "decode no faster (stages run in turn); it fits a model one machine cannot hold"
+            else:
+                # Every rank reads its share at once; two ring all_sums per layer and the logits gather.
+                per_sum = c.n_embd * 4
+                sums = 2 * c.n_layer
+                share = -(-c.n_vocab // n) * 4
+                ring = 2 * (n - 1) / n  # a ring all_sum moves this fraction of the array per rank, each way
+                comm = sums * per_sum * ring + (n - 1) * share
+                t = max(reads) / bw + sums * (2 * (n - 1) * lat + per_sum * ring / link) + (n - 1) * (lat + share / link) + lat
+                note = "decode faster when the link's latency is small next to the reads saved"
+            print(f"{split:8s} x{n}: reads per rank {', '.join(f'{r / 2**30:.2f}' for r in reads)} GiB/token; "
+                  f"sent per rank per token {comm / 1024:.0f} KiB; expected {1 / t:.1f} t/s ({t_one / t:.2f}x); {note}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model", nargs="?")
+    ap.add_argument("--ranks", default="2,3")
+    ap.add_argument("--prompt", type=int, default=64)
+    ap.add_argument("--gen", type=int, default=16)
+    ap.add_argument("--kernels", default=None)
+    ap.add_argument("--mem-gbs", type=float, default=400.0, help="memory bandwidth of one machine (GB/s)")
+    ap.add_argument("--link-gbps", type=float, default=10.0, help="link bandwidth (Gb/s)")
+    ap.add_argument("--latency-us", type=float, default=100.0, help="latency of one message (us): ~100 ring/TCP, ~10 JACCL")
+    ap.add_argument("--paper-only", action="store_true")
+    ap.add_argument("--worker", choices=("pipeline", "experts"), help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    from ds4agent.modelfile.demo import ensure_demo
+
+    path = a.model or str(ensure_demo())
+    if a.worker:
+        return worker(path, a.worker, a.prompt, a.gen, a.out, a.kernels)
+    ranks = [int(r) for r in a.ranks.split(",")]
+    if not a.paper_only:
+        measured(path, ranks, a.prompt, a.gen, a.kernels)
+    paper(a.mem_gbs, a.link_gbps, a.latency_us, ranks)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
