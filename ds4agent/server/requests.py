@@ -302,9 +302,18 @@ def anthropic_messages(body: dict) -> list[dict]:
         out.append({"role": "system", "content": system})
     for i, m in enumerate(msgs):
         where = f"messages.{i}"
-        _check(isinstance(m, dict) and m.get("role") in ("user", "assistant"), f"{where}.role: must be user or assistant",
-               "messages")
+        _check(isinstance(m, dict) and m.get("role") in ("user", "assistant", "system"),
+               f"{where}.role: must be user, assistant or system", "messages")
         content = m.get("content")
+        if m["role"] == "system":
+            # Claude Code sends system messages between turns (agent lists, reminders). The
+            # template has no system turn there: the text joins the user turn it stands in.
+            text = _system_text(content)
+            if not out:
+                out.append({"role": "system", "content": text})
+            elif text:
+                out.append({"role": "user", "content": text})
+            continue
         blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
         _check(isinstance(blocks, list), f"{where}.content: must be a string or an array of blocks", "messages")
         if m["role"] == "assistant":
