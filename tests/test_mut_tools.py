@@ -1,0 +1,114 @@
+"""File tools: the limits and edge cases mutation testing showed unguarded (issue 22)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ds4agent.tools import Policy, Workspace, all_tools, files, run_tool
+from ds4agent.tools.base import ToolError
+
+TOOLS = all_tools()
+MIB = 1024 * 1024
+
+
+@pytest.fixture()
+def ws(tmp_path: Path) -> Workspace:
+    root = tmp_path / "repo"
+    root.mkdir()
+    return Workspace(root)
+
+
+def call(ws, name, **args):
+    result, _ = run_tool(TOOLS, name, json.dumps(args), ws, Policy("yolo"), None)
+    return result
+
+
+def test_the_read_limit_is_exactly_64_mib(ws) -> None:
+    # The limit the error message names: a file of 64 MiB is read (here: all NULs, so it is
+    # reported as binary), one byte more is refused without being read.
+    for size, fragment in ((64 * MIB, "binary file"), (64 * MIB + 1, "too large to read (limit 64 MiB)")):
+        with open(ws.root / "big.bin", "wb") as f:
+            f.truncate(size)  # sparse
+        r = call(ws, "read", path="big.bin")
+        assert not r.ok and fragment in r.text, (size, r.text)
+
+
+def test_a_read_shows_400_lines_by_default(ws) -> None:
+    (ws.root / "long.txt").write_text("".join(f"l{i}\n" for i in range(1, 1001)))
+    r = call(ws, "read", path="long.txt")
+    body = r.text.splitlines()
+    assert body[0] == "  1\tl1" and body[399] == "400\tl400" and len(body) == 401
+    assert body[-1] == "[lines 1-400 of 1000; continue with start=401]"
+
+
+def test_a_file_that_is_not_utf8_is_read_with_replacement_characters(ws) -> None:
+    (ws.root / "latin.txt").write_bytes(b"caf\xe9\nok\n")
+    r = call(ws, "read", path="latin.txt")
+    assert r.ok and r.text.splitlines()[:2] == ["1\tcaf\ufffd", "2\tok"]
+
+
+def test_read_arguments_and_edges(ws) -> None:
+    (ws.root / "f.txt").write_text("".join(f"l{i}\n" for i in range(1, 11)))
+    (ws.root / "empty.txt").write_text("")
+    r = call(ws, "read")
+    assert not r.ok and "missing required parameter 'path'" in r.text
+    for bad in (dict(start=0), dict(lines=0), dict(start=0, lines=5), dict(start=3, lines=-1)):
+        r = call(ws, "read", path="f.txt", **bad)  # the schema's minimum refuses it first
+        assert not r.ok and "must be at least 1" in r.text, bad
+        with pytest.raises(ToolError, match="start and lines must be positive"):  # and read() itself
+            files.read(ws, {"path": "f.txt", **bad})
+    assert files.read(ws, {"path": "f.txt", "lines": 1}).text == "1\tl1\n[lines 1-1 of 10; continue with start=2]"
+    r = call(ws, "read", path="f.txt", start=3, lines=1)  # one line is a valid chunk
+    assert r.ok and r.text == "3\tl3\n[lines 3-3 of 10; continue with start=4]" and r.summary == "read f.txt (3:3)"
+    r = call(ws, "read", path="f.txt")
+    assert r.summary == "read f.txt (whole file)" and r.text.endswith("\n[lines 1-10 of 10; end of file]")
+    r = call(ws, "read", path="f.txt", start=2)
+    assert r.summary == "read f.txt (2:10)"
+    r = call(ws, "read", path="f.txt", lines=4)
+    assert r.summary == "read f.txt (1:4)"
+    r = call(ws, "read", path="f.txt", start=10)
+    assert r.ok and r.text.startswith("10\tl10")
+    r = call(ws, "read", path="f.txt", start=11)
+    assert not r.ok and "f.txt has 10 lines; start 11 is past the end" in r.text
+    # An empty file: start 1 shows it is empty, start 2 is past its end.
+    r = call(ws, "read", path="empty.txt")
+    assert r.ok and r.text == "[empty file]"
+    r = call(ws, "read", path="empty.txt", start=2)
+    assert not r.ok and "past the end" in r.text
+
+
+def test_a_line_of_exactly_the_limit_is_shown_whole(ws) -> None:
+    (ws.root / "w.txt").write_text("y" * 2000 + "\n" + "z" * 2001 + "\n")
+    lines = call(ws, "read", path="w.txt").text.splitlines()
+    assert lines[0] == "1\t" + "y" * 2000
+    assert lines[1] == "2\t" + "z" * 2000 + " … [1 more characters]"
+
+
+def test_an_edit_shows_the_exact_unified_diff(ws) -> None:
+    (ws.root / "f.txt").write_text("a\nb\nc\nd\ne\nf\ng\n")
+    r = call(ws, "edit", path="f.txt", old="d\n", new="D\n")
+    want = "--- a/f.txt\n+++ b/f.txt\n@@ -2,5 +2,5 @@\n b\n c\n-d\n+D\n e\n f\n"
+    assert r.ok and r.detail == want and r.text == "edited f.txt:\n" + want and r.summary == "edit f.txt (+1 -1)"
+    r = call(ws, "write", path="f.txt", content="a\nb\n")
+    assert r.detail == "--- a/f.txt\n+++ b/f.txt\n@@ -1,7 +1,2 @@\n a\n b\n-c\n-D\n-e\n-f\n-g\n"
+    assert r.text == "rewrote f.txt (2 lines)"
+
+
+def test_writes_are_journaled_before_and_after(ws) -> None:
+    # The undo journal (tools/undo.py) must see the file before anything changes and after.
+    seen: list[tuple[str, str | None]] = []
+
+    class Journal:
+        def before_write(self, p: Path) -> None:
+            seen.append(("before", p.read_text() if p.exists() else None))
+
+        def after_write(self, p: Path) -> None:
+            seen.append(("after", p.read_text()))
+
+    ws.journal = Journal()
+    assert call(ws, "write", path="sub/new.txt", content="one\n").ok
+    assert call(ws, "edit", path="sub/new.txt", old="one", new="two").ok
+    assert seen == [("before", None), ("after", "one\n"), ("before", "one\n"), ("after", "two\n")]
