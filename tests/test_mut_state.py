@@ -173,3 +173,16 @@ def test_header_of_a_context_smaller_than_the_window() -> None:
     assert struct.unpack("<13I", blob[:52]) == (0x34565344, 1, 3, 3, 3, 4, 2, 2, 3, 2, 2, 5, 2)
     state, tokens, _ = read_payload(CFG, 3, blob, f16_rows=False)
     assert tokens == [1, 2] and np.array_equal(np.asarray(state.layers[2].raw), np.asarray(st.layers[2].raw))
+
+
+def test_a_fork_shares_arrays_but_not_the_objects_a_step_rebinds() -> None:
+    # The forward pass rebinds fields (st.raw = ..., frontier.kv = ...) on the fork; the
+    # original must not see it, or a failed step would leave it half-updated.
+    st = _state()
+    f = st.fork()
+    assert f.n_tokens == N and f.layers[1].raw is st.layers[1].raw
+    f.layers[1].raw = mx.zeros((1, 2))
+    f.layers[1].comp_frontier.kv = mx.zeros((8, 4))
+    f.layers[1].idx_frontier.score = mx.zeros((8, 4))
+    f.layers[2].comp_frontier.score = mx.zeros((128, 2))
+    assert write_payload(CFG, CTX, st, TOKENS, np.array(LOGITS, np.float32)) == _expected()

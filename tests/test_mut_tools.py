@@ -112,3 +112,20 @@ def test_writes_are_journaled_before_and_after(ws) -> None:
     assert call(ws, "write", path="sub/new.txt", content="one\n").ok
     assert call(ws, "edit", path="sub/new.txt", old="one", new="two").ok
     assert seen == [("before", None), ("after", "one\n"), ("before", "one\n"), ("after", "two\n")]
+
+
+def test_a_write_makes_missing_folders_and_keeps_the_files_mode(ws) -> None:
+    assert call(ws, "write", path="a/b/c/new.txt", content="x\n").ok
+    assert (ws.root / "a" / "b" / "c" / "new.txt").read_text() == "x\n"
+    script = ws.root / "run.sh"
+    script.write_text("echo 1\n")
+    script.chmod(0o750)
+    assert call(ws, "edit", path="run.sh", old="1", new="2").ok
+    assert script.read_text() == "echo 2\n" and script.stat().st_mode & 0o7777 == 0o750
+    assert not [p.name for p in ws.root.iterdir() if p.name.endswith(".ds4tmp")]
+
+
+@pytest.mark.parametrize("content,n", [("", 0), ("a", 1), ("a\n", 1), ("a\nb", 2), ("a\n\n", 2)])
+def test_a_write_counts_its_lines(ws, content: str, n: int) -> None:
+    r = call(ws, "write", path="c.txt", content=content)
+    assert r.text == f"created c.txt ({n} lines)" and r.summary == f"write c.txt ({n} lines)"
