@@ -109,7 +109,16 @@ class Distributed:
         dst = self._new()
         self._command(STEP, self._src(state), dst.id, flags=int(all_logits), n_tokens=state.n_tokens,
                       data=ids.astype(np.int32))
-        out = self._step(ids, state, all_logits)
+        try:
+            out = self._step(ids, state, all_logits)
+        except GroupError:
+            raise
+        except BaseException as e:
+            # The others are inside this step (or have finished it): a half-done step cannot
+            # be taken back on them, and what they send next would be read as the next
+            # step's. Stop the group rather than go on out of step.
+            raise self.link.fail(f"rank 0 stopped in the middle of a step ({type(e).__name__}); the group is "
+                                 "stopped") from e
         state.remote = dst
         return out
 
@@ -226,7 +235,8 @@ class Distributed:
             X = m.embed(ids)
         else:
             shape = (T, self.cfg.hc_count, self.cfg.n_embd)
-            X = link.recv(shape, mx.float32, link.left, link.timeout, "receiving the hidden state",
+            # The deadline grows with the chunk: the stages before this one compute it first.
+            X = link.recv(shape, mx.float32, link.left, link.timeout * (1 + T / 64), "receiving the hidden state",
                           numpy=m.xp is not mx)
         X = m.layers(X, ids, state, range(self.lo, self.hi))
         m.advance(state, T)
@@ -332,7 +342,7 @@ def open_engine(path, split: str, backend: str = "auto", ctx: int = 32768, kerne
     try:
         engine = Engine.open(path, backend=backend, ctx=ctx, kernels=kernels)
     except Exception as e:  # noqa: BLE001 - the others must hear about it, not hang at the handshake
-        link.fail(f"rank {rank} ({socket.gethostname()}) could not open the model: {e}")
+        link.fail(f"rank {rank} ({socket.gethostname()}) could not open the model: {e}", say=True)
         link.close()
         raise
     try:
@@ -404,7 +414,7 @@ def follow(engine: "Engine") -> int:
     except GroupError:
         return 1  # the link printed the one message
     except Exception as e:  # noqa: BLE001 - any failure here must stop the group, not hang it
-        dist.link.fail(f"rank {dist.rank} ({socket.gethostname()}) failed: {e}")
+        dist.link.fail(f"rank {dist.rank} ({socket.gethostname()}) failed: {e}", say=True)
         return 1
     finally:
         dist.closed = True

@@ -265,7 +265,7 @@ class Link:
                     return rank
         return None
 
-    def fail(self, msg: str) -> GroupError:
+    def fail(self, msg: str, say: bool = False) -> GroupError:
         """Mark the group broken with ``msg`` (shown once), arm the backstop, return the error.
 
         Before closing, the message goes to both neighbours as a notice (NOTICE, then the text)
@@ -275,7 +275,7 @@ class Link:
         neighbour that closed after it)."""
         if self.broken is None:
             self.broken = msg
-            if self.quiet is False or self.rank == 0:
+            if say or not self.quiet or self.rank == 0:  # say: this process's own failure
                 self.report(msg)
             try:
                 signal.alarm(BACKSTOP)  # SIGALRM's default action ends the process
