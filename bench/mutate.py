@@ -680,6 +680,31 @@ def _reuse_session_setup(cache: Path) -> None:
 
     demo.write_demo = write_demo
 
+    # Engines the tests' fixtures open (the demo models, read-only) are opened once per worker:
+    # opening one is most of a store or snapshot test's time. Closing a cached one does nothing.
+    from ds4agent.engine.engine import Engine
+
+    real_open, real_close = Engine.__dict__["open"].__func__, Engine.close
+    engines: dict[tuple, Engine] = {}
+    keep: set[int] = set()
+
+    def open_cached(cls, path, *args, **kw):
+        caller = sys._getframe(1).f_code.co_filename
+        if not caller.startswith(str(ROOT / "tests")) or Path(path).parent.parent != cache:
+            return real_open(cls, path, *args, **kw)
+        key = (str(path), args, tuple(sorted(kw.items())))
+        if key not in engines:
+            engines[key] = real_open(cls, path, *args, **kw)
+            keep.add(id(engines[key]))
+        return engines[key]
+
+    def close(self) -> None:
+        if id(self) not in keep:
+            real_close(self)
+
+    Engine.open = classmethod(open_cached)
+    Engine.close = close
+
 
 def worker(module: str) -> None:
     """Reads requests on stdin, one JSON object a line; answers on the original stdout."""

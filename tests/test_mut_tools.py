@@ -129,3 +129,57 @@ def test_a_write_makes_missing_folders_and_keeps_the_files_mode(ws) -> None:
 def test_a_write_counts_its_lines(ws, content: str, n: int) -> None:
     r = call(ws, "write", path="c.txt", content=content)
     assert r.text == f"created c.txt ({n} lines)" and r.summary == f"write c.txt ({n} lines)"
+
+
+@pytest.mark.parametrize("fn,args,name", [
+    ("read", {}, "path"), ("write", {"content": "x"}, "path"), ("write", {"path": "a.txt"}, "content"),
+    ("edit", {"new": "x", "old": "y"}, "path"), ("edit", {"path": "a.txt", "old": "y"}, "new"),
+])
+def test_required_arguments_are_checked_by_the_tools_themselves(ws, fn, args, name) -> None:
+    (ws.root / "a.txt").write_text("y\n")
+    with pytest.raises(ToolError, match=f"missing required parameter '{name}'"):
+        getattr(files, fn)(ws, args)
+    assert (ws.root / "a.txt").read_text() == "y\n"
+
+
+def test_write_refuses_directories_and_special_files(ws) -> None:
+    import os
+
+    (ws.root / "d").mkdir()
+    os.mkfifo(ws.root / "pipe")
+    r = call(ws, "write", path="d", content="x")
+    assert not r.ok and "d: is a directory" in r.text
+    r = call(ws, "write", path="pipe", content="x")
+    assert not r.ok and "pipe: not a regular file; not written" in r.text
+    r = call(ws, "edit", path="d", old="a", new="b")
+    assert not r.ok
+
+
+def test_new_file_preview_and_write_preview(ws) -> None:
+    content = "".join(f"line {i}\n" for i in range(1, 26))
+    head = "\n".join(f"line {i}" for i in range(1, 21))
+    assert files.new_file_preview("n.txt", content) == f"new file n.txt: 25 lines, {len(content)} bytes\n{head}\n… 5 more lines"
+    twenty = "".join(f"line {i}\n" for i in range(1, 21))
+    assert files.new_file_preview("n.txt", twenty) == f"new file n.txt: 20 lines, {len(twenty)} bytes\n{head}"
+    assert files.preview_write(ws, {"path": "n.txt", "content": "a\n"}) == "new file n.txt: 1 lines, 2 bytes\na"
+    (ws.root / "n.txt").write_text("a\n")
+    assert files.preview_write(ws, {"path": "n.txt", "content": "a\n"}) == "n.txt: unchanged (the new content is the same)"
+    assert files.preview_write(ws, {"path": "n.txt", "content": "b\n"}) == "--- a/n.txt\n+++ b/n.txt\n@@ -1 +1 @@\n-a\n+b\n"
+    assert files.preview_edit(ws, {"path": "n.txt", "old": "a", "new": "a"}) == "n.txt: unchanged (the replacement is the same text)"
+
+
+def test_a_new_file_write_and_a_write_over_undecodable_bytes(ws) -> None:
+    r = call(ws, "write", path="c.txt", content="a\n")
+    assert r.detail == "--- a/c.txt\n+++ b/c.txt\n@@ -0,0 +1 @@\n+a\n"
+    # What the model wrote is what it knows: a line edit needs no read first.
+    r = call(ws, "edit", path="c.txt", start=1, new="b")
+    assert r.ok and (ws.root / "c.txt").read_text() == "b\n"
+    (ws.root / "l.txt").write_bytes(b"caf\xe9\n")
+    r = call(ws, "write", path="l.txt", content="cafe\n")
+    assert r.ok and "-caf\ufffd\n+cafe\n" in r.detail
+
+
+def test_edit_refuses_an_empty_old_text(ws) -> None:
+    (ws.root / "e.txt").write_text("abc\n")
+    r = call(ws, "edit", path="e.txt", old="", new="x")
+    assert not r.ok and "'old' is empty" in r.text and (ws.root / "e.txt").read_text() == "abc\n"
