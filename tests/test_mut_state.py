@@ -186,3 +186,25 @@ def test_a_fork_shares_arrays_but_not_the_objects_a_step_rebinds() -> None:
     f.layers[1].idx_frontier.score = mx.zeros((8, 4))
     f.layers[2].comp_frontier.score = mx.zeros((128, 2))
     assert write_payload(CFG, CTX, st, TOKENS, np.array(LOGITS, np.float32)) == _expected()
+
+
+def test_the_empty_state_is_the_documented_before_any_token() -> None:
+    from ds4agent.engine.state import NEG_INF
+
+    st = ModelState.empty(CFG)
+    assert st.n_tokens == 0 and [layer.ratio for layer in st.layers] == [0, 4, 128]
+    shape = lambda a: tuple(np.asarray(a).shape)  # noqa: E731
+    l0, l1, l2 = st.layers
+    assert shape(l0.raw) == (0, 2) and l0.comp is None and l0.comp_frontier is None and l0.idx_frontier is None
+    assert shape(l1.raw) == (0, 2) and shape(l1.comp) == (0, 2) and shape(l1.idx_comp) == (0, 2)
+    for fr, rows, width in ((l1.comp_frontier, 8, 4), (l1.idx_frontier, 8, 4), (l2.comp_frontier, 128, 2)):
+        assert shape(fr.kv) == (rows, width) and not np.asarray(fr.kv).any()
+        assert (np.asarray(fr.score) == np.float32(NEG_INF)).all()
+    assert shape(l2.comp) == (0, 2) and l2.idx_comp is None and l2.idx_frontier is None
+    # Only the layers this process holds (a pipeline split): the others are None.
+    part = ModelState.empty(CFG, held=range(1, 2))
+    assert part.layers[0] is None and part.layers[2] is None and part.layers[1].ratio == 4 and part.n_tokens == 0
+    assert len(part.arrays()) == 7 and len(st.arrays()) == 1 + 7 + 4
+    # An empty state's payload: the header, the logits, the counts, the frontiers; no rows.
+    blob = write_payload(CFG, CTX, st, [], np.array(LOGITS, np.float32))
+    assert len(blob) == payload_size(CFG, 0) == 52 + 20 + 24 + 2 * 4 * (32 + 32) + 2 * 4 * 256
