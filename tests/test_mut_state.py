@@ -208,3 +208,33 @@ def test_the_empty_state_is_the_documented_before_any_token() -> None:
     # An empty state's payload: the header, the logits, the counts, the frontiers; no rows.
     blob = write_payload(CFG, CTX, st, [], np.array(LOGITS, np.float32))
     assert len(blob) == payload_size(CFG, 0) == 52 + 20 + 24 + 2 * 4 * (32 + 32) + 2 * 4 * 256
+
+
+def test_prefill_capacity_field_is_capped_at_2048() -> None:
+    blob = write_payload(CFG, 4096, ModelState.empty(CFG), [], np.array(LOGITS, np.float32))
+    assert struct.unpack("<13I", blob[:52])[2:7] == (4096, 2048, 4, 4, 4096 // 4 + 2)
+    read_payload(CFG, 4096, blob, f16_rows=False)
+    with pytest.raises(PayloadError, match="prefill capacity 2048 differs from this session's 1000"):
+        read_payload(CFG, 1000, _patched_ctx(blob, 1000), f16_rows=False)
+
+
+def _patched_ctx(blob: bytes, ctx: int) -> bytes:
+    b = bytearray(blob)
+    b[8:12] = struct.pack("<I", ctx)
+    return bytes(b)
+
+
+def test_use_moves_every_array_to_the_namespace_and_back() -> None:
+    from ds4agent.engine.xp import NP
+
+    st = _state()
+    st.use(NP)
+    assert st.xp is NP and all(isinstance(a, np.ndarray) for a in st.arrays()) and len(st.arrays()) == 1 + 7 + 4
+    assert np.array_equal(st.layers[1].idx_frontier.score, IFR1_SC) and st.layers[0].comp is None
+    st.use(NP)  # already there: nothing changes
+    st.use(mx)
+    assert st.xp is mx and all(isinstance(a, mx.array) for a in st.arrays())
+    assert write_payload(CFG, CTX, st, TOKENS, np.array(LOGITS, np.float32)) == _expected()
+    part = ModelState.empty(CFG, held=range(2, 3))
+    part.use(NP)
+    assert part.layers[:2] == [None, None] and isinstance(part.layers[2].comp_frontier.kv, np.ndarray)
