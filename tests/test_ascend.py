@@ -196,7 +196,7 @@ def test_logits_match_mlx_reference(torch_engine, mlx_engine, n: int) -> None:
 def test_logits_and_greedy_tokens_match_transformers(torch_engine, demo_path) -> None:
     """transformers' deepseek_v4 on gguf's dequantisation (tests/hf_oracle.py), QAT off:
     the last position after 300 tokens (indexer choosing 8 of 75 rows) and 12 greedy
-    tokens after a 140-token prompt (12: each decode step here costs ~0.5 s, the output head
+    tokens after a 140-token prompt (12: each decode step here costs ~0.15-0.5 s, the output head
     dequantised in tiles)."""
     from hf_oracle import load_hf
     from transformers import DynamicCache
@@ -244,7 +244,7 @@ def test_decode_equals_prefill(demo_path) -> None:
             s = e.session()
             s.prefill_chunk = chunk
             # token by token from 124 on: ratio-4 rows, the indexer's choice among them and the
-            # first ratio-128 row (at 128) are made in decode (a decode step costs ~0.5 s here)
+            # first ratio-128 row (at 128) are made in decode (a decode step costs ~0.15-0.5 s here)
             s.sync(ids[:124] if chunk == 1 else ids)
             for t in ids[len(s.tokens):]:
                 s.eval(t)

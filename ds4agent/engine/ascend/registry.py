@@ -1,11 +1,11 @@
 """The operation registry: for each heavy operation the fused torch_npu implementation where
 one exists (fused.py) and the plain-torch one that defines the result (plain.py).
 
-An entry is fused when the registry was made with fused ops on (``--kernels npu``, the
-default on an NPU), torch_npu provides every function the entry calls, and the first stage
-is an NPU (or a test hands in a stand-in module). A fused entry steps aside, per call, when a
-documented constraint does not hold for the arguments (a head width other than 512, more
-than 65535 output rows ...), and the open-time check (check.py) refuses it for good when it
+An entry is fused when the registry was made with fused ops on (``--kernels auto``, the
+default, with an NPU named in --devices) and torch_npu provides every function the entry
+calls (tests hand in a stand-in module instead, tests/npu_standin.py). A fused entry steps
+aside, per call, when a documented constraint does not hold for the arguments (a head width
+other than 512, a hash-routed layer ...), and the open-time check (check.py) refuses it for good when it
 raises or disagrees with the plain version beyond its stated tolerance. ``report()`` says
 which implementation each operation has and why.
 """
