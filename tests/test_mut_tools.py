@@ -183,3 +183,13 @@ def test_edit_refuses_an_empty_old_text(ws) -> None:
     (ws.root / "e.txt").write_text("abc\n")
     r = call(ws, "edit", path="e.txt", old="", new="x")
     assert not r.ok and "'old' is empty" in r.text and (ws.root / "e.txt").read_text() == "abc\n"
+
+
+def test_edit_needs_old_or_start_and_counts_its_lines(ws) -> None:
+    (ws.root / "e.txt").write_text("a\nb\nc\n")
+    r = call(ws, "edit", path="e.txt", new="x")
+    assert not r.ok and "give either 'old' (text to replace) or 'start' (and 'end') line numbers" in r.text
+    r = call(ws, "edit", path="e.txt", old="b\n", new="x\ny\n")
+    assert r.ok and r.summary == "edit e.txt (+2 -1)" and (ws.root / "e.txt").read_text() == "a\nx\ny\nc\n"
+    r = call(ws, "edit", path="e.txt", old="x\ny\nc\n", new="")
+    assert r.ok and r.summary == "edit e.txt (+0 -3)"
