@@ -363,3 +363,14 @@ def test_queue_bound_disconnect_and_keepalive(served) -> None:
     assert engine.generated[0] < 200
     r = oai(st).chat.completions.create(model="m", messages=[{"role": "user", "content": "q"}], max_tokens=3)
     assert r.choices[0].finish_reason == "length"
+
+
+def test_anthropic_system_messages_between_turns(served) -> None:
+    """Claude Code sends role "system" messages inside ``messages``: they join the user turn."""
+    engine, st = served(["plain answer" + EOS])
+    a = ant(st)
+    m = a.messages.create(model="m", max_tokens=20, thinking={"type": "disabled"}, system="Be brief.",
+                          messages=[{"role": "user", "content": "q"}, {"role": "system", "content": "Agents: none."}])
+    assert m.content[-1].text == "plain answer"
+    prompt = engine.tokenizer.decode(engine.prompts[-1])
+    assert prompt.endswith("Be brief.<｜User｜>q\n\nAgents: none.<｜Assistant｜></think>")
