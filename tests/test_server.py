@@ -374,3 +374,28 @@ def test_anthropic_system_messages_between_turns(served) -> None:
     assert m.content[-1].text == "plain answer"
     prompt = engine.tokenizer.decode(engine.prompts[-1])
     assert prompt.endswith("Be brief.<｜User｜>q\n\nAgents: none.<｜Assistant｜></think>")
+
+
+def test_parameter_events_rebuild_compact_arguments_at_any_split() -> None:
+    """The stream parser's param_start/param_text/param_end events, fed in pieces of any size,
+    give the server arguments equal to the whole block's parse, as compact JSON."""
+    from ds4agent.protocol import StreamParser, parse
+    from ds4agent.server.worker import _Args
+
+    text = "r</think>ok" + block(READ, ("w", {"text": 'a</b> "c" \\ </｜DSML｜param', "n": -1.5e3}))
+    expected = [json.loads(c["function"]["arguments"]) for c in parse(text, "thinking")["tool_calls"]]
+    for size in (1, 2, 3, 7, 50, len(text)):
+        p = StreamParser("thinking")
+        args: dict[int, _Args] = {}
+        out: dict[int, str] = {}
+        for i in range(0, len(text), size):
+            for ev in p.feed(text[i : i + size].encode()):
+                if ev.kind == "call_start":
+                    args[ev.index] = _Args()
+                elif ev.kind.startswith("param_"):
+                    args[ev.index].feed(ev.kind, ev.text, ev.name)
+                elif ev.kind == "call":
+                    args[ev.index].close()
+                    out[ev.index] = args[ev.index].text
+        assert [json.loads(out[i]) for i in sorted(out)] == expected, size
+        assert all(out[i] == json.dumps(json.loads(out[i]), ensure_ascii=False, separators=(",", ":")) for i in out)
