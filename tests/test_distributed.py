@@ -145,7 +145,8 @@ def test_mismatched_model_file_is_refused_naming_the_host(demo_path: Path, tmp_p
     other = write_demo(tmp_path / "other.gguf", "tiny", 1)  # same layout, other weights
     r = launch(2, [str(WORKER), f"{demo_path},{other}", "pipeline", "cpu-exact", str(tmp_path / "x.npz")], 120)
     text = r.stdout + r.stderr  # (mlx.launch itself exits 0 whatever its ranks do)
-    assert "rank 0 exited with code 1" in text and "rank 1 exited with code 1" in text, text[-2000:]
+    # rank 0 refuses; mlx.launch may end rank 1 before it gets to exit by itself
+    assert "rank 0 exited with code 1" in text and "rank 1 exited with code 0" not in text, text[-2000:]
     assert "rank 1 (" in text and "different model file" in text and str(other) in text, text[-2000:]
     assert not (tmp_path / "x.npz").exists()
 
@@ -154,7 +155,8 @@ def test_mismatched_version_is_refused(demo_path: Path, tmp_path: Path) -> None:
     r = launch(2, [str(WORKER), str(demo_path), "experts", "cpu-exact", str(tmp_path / "x.npz")], 120,
                env={"DS4_TEST_VERSION": "9.9.9"})
     text = r.stdout + r.stderr
-    assert "rank 0 exited with code 1" in text and "rank 1 exited with code 1" in text, text[-2000:]
+    # rank 0 refuses; mlx.launch may end rank 1 before it gets to exit by itself
+    assert "rank 0 exited with code 1" in text and "rank 1 exited with code 0" not in text, text[-2000:]
     assert "rank 1 (" in text and "runs ds4agent 9.9.9" in text, text[-2000:]
 
 
