@@ -84,3 +84,46 @@ def test_restart_resumes_from_disk_with_exact_tool_replay(engine, tmp_path) -> N
         r2 = c.chat.completions.create(model="m", messages=more, tools=tools)
         # Everything through the first prompt came from the file, none of it prefilled again.
         assert r2.usage.prompt_tokens_details.cached_tokens >= first_prompt
+
+
+def test_ds4_serve_command_ctrl_c_saves(demo_path, tmp_path) -> None:
+    """The real command: serves on the demo model, Ctrl+C (SIGINT) exits 0 after saving the
+    live session as a 'shutdown' file."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "DS4_HOME": str(tmp_path / "home")}
+    p = subprocess.Popen([sys.executable, "-m", "ds4agent", "serve", "-m", str(demo_path), "--port", str(port),
+                          "--ctx", "1024", "--sessions", str(tmp_path / "kv"), "--cache-min-tokens", "1", "-n", "2"],
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=0, timeout=60)
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                c.models.list()
+                break
+            except openai.APIConnectionError:
+                assert p.poll() is None and time.monotonic() < deadline, p.stderr.read() if p.poll() is not None else ""
+                time.sleep(0.2)
+        r = c.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        assert r.usage.completion_tokens == 2
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 0, err
+    assert "chat prompt=" in err and "reason=shutdown" in err
+    assert "shutdown" in [i.reason for i in SessionStore(tmp_path / "kv").list()]
+    # A non-loopback address without a key is warned about.
+    r = subprocess.run([sys.executable, "-m", "ds4agent", "serve", "--host", "0.0.0.0", "-m", str(tmp_path / "none.gguf")],
+                       env=env, capture_output=True, text=True, timeout=60)
+    assert "without --api-key" in r.stderr and r.returncode != 0 and "Traceback" not in r.stderr
