@@ -509,10 +509,42 @@ class Applier:
                 if isinstance(old, type) or callable(old) and hasattr(old, "__code__"):
                     g[k] = old
                     changed |= self._merge(old, v)
+                elif self._merge_value(old, v):
+                    g[k] = old  # changed in place: other modules and lists holding it see the mutant
+                    changed = True
                 else:
                     self.undo.append((g.__setitem__, k, old))
                     changed |= not _same(old, v)
         return changed
+
+    def _merge_value(self, old, new) -> bool:
+        """Containers and plain objects (a table of rules, the list of tools) are changed in
+        place, element by element, so that what other modules built from them at import (an
+        ``all_tools()`` list holding the same Tool objects) sees the mutant too. Returns False
+        when ``old`` is not something it can change in place (ints, strings: rebound instead)."""
+        if type(old) is not type(new):
+            return False
+        if isinstance(old, list) and len(old) == len(new):
+            for i, (a, b) in enumerate(zip(old, new)):
+                if not (a is b or _same(a, b) or self._merge_value(a, b)):
+                    self.undo.append((old.__setitem__, i, a))
+                    old[i] = b
+            return True
+        if isinstance(old, (list, dict, set)):
+            saved = old.copy()
+            self.undo.append((_refill, old, saved))
+            _refill(old, new)
+            return True
+        if hasattr(old, "__dict__") and not isinstance(old, type) and not callable(old):
+            saved = dict(old.__dict__)
+            self.undo.append((_refill, old.__dict__, saved))
+            for k, v in new.__dict__.items():
+                ov = old.__dict__.get(k)
+                if ov is v or _same(ov, v) or self._merge_value(ov, v):
+                    continue
+                old.__dict__[k] = v
+            return True
+        return False
 
     def _merge(self, old, new) -> bool:
         """Patch the live ``old`` (function or class) with what differs in ``new``."""
@@ -555,6 +587,11 @@ class Applier:
         mod = sys.modules.get(self.name)
         if mod is not None:
             _clear_caches(mod)
+
+
+def _refill(container, content) -> None:
+    container.clear()
+    container.update(content) if not isinstance(container, list) else container.extend(content)
 
 
 def _unwrap(f):
