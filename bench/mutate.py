@@ -869,43 +869,51 @@ def run(module: str, args: argparse.Namespace) -> int:
     results: dict[int, dict] = {}
     since_check: list[Mutant] = []
     queue = list(mutants)
-    while queue:
-        m = queue.pop(0)
-        if m.target is None:
-            sel = ran_tests
-        else:
-            sel = [k for k in ran_tests if m.stmt_line in lines.get(k, ()) or m.line in lines.get(k, ())]
-        if not sel:
-            results[m.n] = {"status": "no coverage"}
-        else:
-            budget = 30 + 4 * sum(durations[k] for k in sel)
-            r = w.ask({"op": "mutant", "mutant": asdict(m), "tests": sel}, budget)
-            if r is None or r.get("status") == "crashed":
-                w.kill()
-                r = {"status": "timeout" if r is None else "crashed"}
-                w = Worker(module, log)
-            results[m.n] = r
-            since_check.append(m)
-        st = results[m.n]["status"]
-        if m.key in equivalent and st in ("survived", "no coverage"):
-            results[m.n]["status"] = st = "equivalent"
-        if args.verbose or st in ("survived", "no coverage", "error", "not applied"):
-            print(f"  {m.n:4d} L{m.line:<5d} {st:<11s} {m.key}" + (f"  ({results[m.n].get('why')})" if st == "not applied" else ""),
-                  flush=True)
-        # Every so often the unmutated tests must still pass in this worker: a mutant must not
-        # leave state behind that makes later ones look killed.
-        if len(since_check) >= args.check_every or (not queue and since_check):
-            chk = w.ask({"op": "baseline", "tests": ran_tests}, 3600)
-            if chk is None or chk.get("rc") != 0:
-                print(f"  worker state went bad after mutant {m.n} (failed: {chk and chk.get('failed')}); "
-                      f"rerunning {len(since_check)} mutants in a fresh worker", flush=True)
-                w.kill()
-                w = Worker(module, log)
-                if args.check_every <= 1:
-                    return 2
-                queue = since_check + queue
-                args.check_every = max(1, args.check_every // 4)
-            since_check = []
+    # A run stopped early (Ctrl+C, or `timeout` sending SIGTERM) still reports the score of the
+    # mutants judged so far, and writes them with --json.
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    stopped = False
+    try:
+        while queue:
+            m = queue.pop(0)
+            if m.target is None:
+                sel = ran_tests
+            else:
+                sel = [k for k in ran_tests if m.stmt_line in lines.get(k, ()) or m.line in lines.get(k, ())]
+            if not sel:
+                results[m.n] = {"status": "no coverage"}
+            else:
+                budget = 30 + 4 * sum(durations[k] for k in sel)
+                r = w.ask({"op": "mutant", "mutant": asdict(m), "tests": sel}, budget)
+                if r is None or r.get("status") == "crashed":
+                    w.kill()
+                    r = {"status": "timeout" if r is None else "crashed"}
+                    w = Worker(module, log)
+                results[m.n] = r
+                since_check.append(m)
+            st = results[m.n]["status"]
+            if m.key in equivalent and st in ("survived", "no coverage"):
+                results[m.n]["status"] = st = "equivalent"
+            if args.verbose or st in ("survived", "no coverage", "error", "not applied"):
+                print(f"  {m.n:4d} L{m.line:<5d} {st:<11s} {m.key}" + (f"  ({results[m.n].get('why')})" if st == "not applied" else ""),
+                      flush=True)
+            # Every so often the unmutated tests must still pass in this worker: a mutant must not
+            # leave state behind that makes later ones look killed.
+            if len(since_check) >= args.check_every or (not queue and since_check):
+                chk = w.ask({"op": "baseline", "tests": ran_tests}, 3600)
+                if chk is None or chk.get("rc") != 0:
+                    print(f"  worker state went bad after mutant {m.n} (failed: {chk and chk.get('failed')}); "
+                          f"rerunning {len(since_check)} mutants in a fresh worker", flush=True)
+                    w.kill()
+                    w = Worker(module, log)
+                    if args.check_every <= 1:
+                        return 2
+                    queue = since_check + queue
+                    args.check_every = max(1, args.check_every // 4)
+                since_check = []
+    except KeyboardInterrupt:
+        print(f"  stopped: {len(results)} of {len(mutants)} mutants judged; the score below covers those", flush=True)
+        stopped = True
     w.kill()
     counts: dict[str, int] = {}
     for r in results.values():
@@ -921,8 +929,9 @@ def run(module: str, args: argparse.Namespace) -> int:
         for k in stale:
             print(f"    {k}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"module": module, "score": score, "counts": counts, "mutants": [
-            dict(asdict(m), **results[m.n]) for m in mutants]}, indent=1))
+        Path(args.json).write_text(json.dumps({"module": module, "score": score, "counts": counts, "stopped": stopped,
+                                               "mutants": [dict(asdict(m), **results[m.n]) for m in mutants
+                                                           if m.n in results]}, indent=1))
     return 0 if score >= args.fail_under else 1
 
 
