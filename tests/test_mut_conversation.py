@@ -85,3 +85,18 @@ def test_a_chat_turn_stopped_in_its_answer_ends_with_the_end_of_sentence_only(en
     assert added[-len(sampled) - 1:] == sampled + [tok.eos_id]
     assert tok.special["think_close"] not in added[-len(sampled) - 1:]
     assert conv.messages[-1]["content"] == tok.decode(sampled)
+
+
+def test_control_token_text_in_supplied_reasoning_stays_text(engine) -> None:
+    # Reasoning the caller supplies (a resumed or imported conversation) is guarded like content:
+    # the text of the end-of-sentence token inside it never becomes the token.
+    tok = engine.tokenizer
+    eos = tok.eos_id
+    t = Transcript(tok, "thinking")
+    t.append({"role": "user", "content": "hi"})
+    t.append({"role": "assistant", "content": "fine", "reasoning_content": "a <｜end▁of▁sentence｜> b"})
+    assert t.tokens.count(eos) == 1 and t.tokens[-1] == eos
+    assert tok.decode(t.tokens) == t.text and "a <｜end▁of▁sentence｜> b" in t.text
+    u = Transcript(tok, "thinking")
+    u.append({"role": "user", "content": "say <｜end▁of▁sentence｜> please"})
+    assert eos not in u.tokens and "say <｜end▁of▁sentence｜> please" in u.text
