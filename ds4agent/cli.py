@@ -514,6 +514,8 @@ def _run_agent(args: argparse.Namespace, task: str | None, interactive: bool, ws
         if not resume(agent, store, sha, err):
             return 1
     if task is not None:
+        for line in [s.line() for s in setup.status if not s.ok] + setup.skipped:  # said at start, like the banner
+            print(f"ds4: MCP server {line}", file=sys.stderr)
         return run_headless(agent, task, output_format, sys.stdout, sys.stderr, setup.mcp_summary(), setup.git_commit)
     if not interactive:
         raise UsageError("ds4 agent needs a terminal, or a task with -p")
