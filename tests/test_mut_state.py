@@ -238,3 +238,26 @@ def test_use_moves_every_array_to_the_namespace_and_back() -> None:
     part = ModelState.empty(CFG, held=range(2, 3))
     part.use(NP)
     assert part.layers[:2] == [None, None] and isinstance(part.layers[2].comp_frontier.kv, np.ndarray)
+
+
+def test_the_reader_refuses_short_odd_and_too_long_payloads_with_their_own_error() -> None:
+    blob = _expected()
+    with pytest.raises(PayloadError, match=r"truncated \(51 bytes, the header alone needs 52\)"):
+        read_payload(CFG, CTX, blob[:51], f16_rows=False)
+    with pytest.raises(PayloadError, match=rf"truncated \(52 bytes, expected {len(blob)}\)"):
+        read_payload(CFG, CTX, blob[:52], f16_rows=False)
+    with pytest.raises(PayloadError, match="1 unexpected trailing bytes"):
+        read_payload(CFG, CTX, blob + b"\0", f16_rows=False)
+    # n == ctx: a context of n + 1 is needed (the next token needs a slot).
+    same = bytearray(blob)
+    same[8:12] = struct.pack("<I", N)
+    with pytest.raises(PayloadError, match=f"needs a context of {N + 1} tokens, this session has {N}"):
+        read_payload(CFG, N, bytes(same), f16_rows=False)
+
+
+def test_layer_from_bytes_reads_every_part_in_order() -> None:
+    back = layer_from_bytes(CFG, 1, N, _expected_layers()[1])
+    for got, want in ((back.raw, RAW[1][1:]), (back.comp, COMP1), (back.comp_frontier.kv, FR1_KV),
+                      (back.comp_frontier.score, FR1_SC), (back.idx_comp, IDX1), (back.idx_frontier.kv, IFR1_KV),
+                      (back.idx_frontier.score, IFR1_SC)):
+        assert np.array_equal(np.asarray(got), want)
