@@ -100,3 +100,42 @@ def test_control_token_text_in_supplied_reasoning_stays_text(engine) -> None:
     u = Transcript(tok, "thinking")
     u.append({"role": "user", "content": "say <｜end▁of▁sentence｜> please"})
     assert eos not in u.tokens and "say <｜end▁of▁sentence｜> please" in u.text
+
+
+def test_transcript_renders_each_append_in_the_context_of_what_came_before(engine) -> None:
+    from ds4agent.protocol import render
+
+    tok = engine.tokenizer
+    assert Transcript(tok).thinking_mode == "thinking"
+    t = Transcript(tok, "thinking", "max")
+    user1 = {"role": "user", "content": "one"}
+    t.append(user1)
+    first = t.text
+    assert first == render([user1], "thinking", "max", drop_thinking=False)
+    assert first.startswith("<｜begin▁of▁sentence｜>")
+    # An answer with reasoning followed by the next question in one append: the reasoning is kept
+    # (drop_thinking=False), no second BOS or Think-Max paragraph, and the text is the whole
+    # conversation's rendering.
+    answer = {"role": "assistant", "content": "fine", "reasoning_content": "thinking it over"}
+    user2 = {"role": "user", "content": "two"}
+    t.append(answer, user2)
+    assert t.text.count("<｜begin▁of▁sentence｜>") == 1 and "thinking it over" in t.text[len(first):]
+    assert t.text == render([user1, answer, user2], "thinking", "max", drop_thinking=False)
+    assert t.tokens == tok.encode_rendered(t.text)
+    t.rerender()
+    assert "thinking it over" in t.text and t.text == render([user1, answer, user2], "thinking", None, drop_thinking=False)
+
+
+def test_append_sampled_says_whether_it_kept_the_ids(engine) -> None:
+    tok = engine.tokenizer
+    t = Transcript(tok, "chat")
+    t.append({"role": "user", "content": "hi"})
+    msg = {"role": "assistant", "content": "hello there"}
+    rendered = Transcript(tok, "chat")
+    rendered.messages = list(t.messages)
+    text = rendered._render_new([msg])
+    assert t.append_sampled(msg, tok.encode_rendered(text)) is True
+    u = Transcript(tok, "chat")
+    u.append({"role": "user", "content": "hi"})
+    assert u.append_sampled(msg, tok.encode("hello")) is False  # not the turn's text: re-tokenised
+    assert u.tokens[-len(tok.encode_rendered(text)):] == tok.encode_rendered(text)
