@@ -193,3 +193,27 @@ def test_edit_needs_old_or_start_and_counts_its_lines(ws) -> None:
     assert r.ok and r.summary == "edit e.txt (+2 -1)" and (ws.root / "e.txt").read_text() == "a\nx\ny\nc\n"
     r = call(ws, "edit", path="e.txt", old="x\ny\nc\n", new="")
     assert r.ok and r.summary == "edit e.txt (+0 -3)"
+
+
+def test_list_shows_files_folders_with_counts_and_errors(ws) -> None:
+    (ws.root / "a.txt").write_text("x")
+    (ws.root / "sub" / "deep").mkdir(parents=True)
+    (ws.root / "sub" / "one.txt").write_text("1")
+    (ws.root / "sub" / "deep" / "two.txt").write_text("2")
+    (ws.root / "empty").mkdir()
+    r = call(ws, "list")
+    assert r.ok and r.text == "a.txt\nsub/  (2 files)" and r.summary == "list . (2 entries)"
+    assert call(ws, "list", path="empty").text == "[empty]"
+    r = call(ws, "list", path="nope")
+    assert not r.ok and "nope: no such directory" in r.text
+    r = call(ws, "list", path="a.txt")
+    assert not r.ok and "a.txt: is a file (use read)" in r.text
+
+
+def test_a_line_edit_whose_text_ends_with_a_newline_adds_no_blank_line(ws) -> None:
+    (ws.root / "n.txt").write_text("a\nb\nc\n")
+    call(ws, "read", path="n.txt")
+    assert call(ws, "edit", path="n.txt", start=2, new="B\n").ok
+    assert (ws.root / "n.txt").read_text() == "a\nB\nc\n"
+    assert call(ws, "edit", path="n.txt", start=2, new="").ok  # empty: the line is deleted
+    assert (ws.root / "n.txt").read_text() == "a\nc\n"
