@@ -14,7 +14,7 @@ from helpers import convo_session
 
 from ds4agent.engine import Engine
 from ds4agent.sessions import store as store_module
-from ds4agent.sessions.kvfile import read_header
+from ds4agent.sessions.kvfile import KVFileError, read_header
 from ds4agent.sessions.store import SessionStore, StoreError
 
 
@@ -132,3 +132,27 @@ def test_a_save_syncs_the_file_before_the_rename_and_the_folder_after(engine, tm
     assert tmp != str(store.path(sha)) and store_module._TEMP.match(os.path.basename(tmp))
     assert ("fsync", tmp) in events[:i], events  # the data is on disk before the name points at it
     assert ("fsync", "dir") in events[i + 1:], events  # and the rename itself is made durable
+
+
+@pytest.mark.parametrize("di,high", [(2, 612 + 3 * (32 + 2056)), (64, 612 + 3 * (32 + 16896))])
+def test_the_listing_bounds_a_payload_by_its_own_dimensions(di: int, high: int) -> None:
+    # docs/model.md §6.1 without the model: 3 layers, D = 2, V = 5, 129 tokens, window 4. Every
+    # layer at least its raw rows (low), at most its raw rows plus the dearer of a ratio-4
+    # layer (rows, indexer rows and both frontiers) and a ratio-128 one (high). Hand-computed:
+    # fixed 52 + 516 + 20 + 24 = 612, raw 4 x 4 x 2 = 32 a layer; ratio 4: 256 + 256 +
+    # 4·32·Di + 2·4·8·2·Di; ratio 128: 8 + 2048.
+    import struct as st
+
+    from ds4agent.sessions.kvfile import KVHeader, _check_payload_header
+
+    raw = st.pack("<13I", 0x34565344, 1, 256, 256, 4, 4, 66, 129, 3, 2, di, 5, 4)
+    low = 612 + 3 * 32
+
+    def header(payload: int) -> KVHeader:
+        return KVHeader(2, 0, 0, 129, 0, 256, 0, 0, 0, payload, 10)
+
+    for ok in (low, high):
+        assert _check_payload_header(raw, header(ok), "f").tokens == 129
+    for bad in (low - 1, high + 1):
+        with pytest.raises(KVFileError, match=f"cannot hold 129 tokens \\({low}..{high} bytes"):
+            _check_payload_header(raw, header(bad), "f")
