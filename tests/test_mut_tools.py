@@ -128,7 +128,8 @@ def test_a_write_makes_missing_folders_and_keeps_the_files_mode(ws) -> None:
 @pytest.mark.parametrize("content,n", [("", 0), ("a", 1), ("a\n", 1), ("a\nb", 2), ("a\n\n", 2)])
 def test_a_write_counts_its_lines(ws, content: str, n: int) -> None:
     r = call(ws, "write", path="c.txt", content=content)
-    assert r.text == f"created c.txt ({n} lines)" and r.summary == f"write c.txt ({n} lines)"
+    count = "1 line" if n == 1 else f"{n} lines"
+    assert r.text == f"created c.txt ({count})" and r.summary == f"write c.txt ({count})"
 
 
 @pytest.mark.parametrize("fn,args,name", [
@@ -161,7 +162,7 @@ def test_new_file_preview_and_write_preview(ws) -> None:
     assert files.new_file_preview("n.txt", content) == f"new file n.txt: 25 lines, {len(content)} bytes\n{head}\n… 5 more lines"
     twenty = "".join(f"line {i}\n" for i in range(1, 21))
     assert files.new_file_preview("n.txt", twenty) == f"new file n.txt: 20 lines, {len(twenty)} bytes\n{head}"
-    assert files.preview_write(ws, {"path": "n.txt", "content": "a\n"}) == "new file n.txt: 1 lines, 2 bytes\na"
+    assert files.preview_write(ws, {"path": "n.txt", "content": "a\n"}) == "new file n.txt: 1 line, 2 bytes\na"
     (ws.root / "n.txt").write_text("a\n")
     assert files.preview_write(ws, {"path": "n.txt", "content": "a\n"}) == "n.txt: unchanged (the new content is the same)"
     assert files.preview_write(ws, {"path": "n.txt", "content": "b\n"}) == "--- a/n.txt\n+++ b/n.txt\n@@ -1 +1 @@\n-a\n+b\n"
@@ -193,6 +194,19 @@ def test_edit_needs_old_or_start_and_counts_its_lines(ws) -> None:
     assert r.ok and r.summary == "edit e.txt (+2 -1)" and (ws.root / "e.txt").read_text() == "a\nx\ny\nc\n"
     r = call(ws, "edit", path="e.txt", old="x\ny\nc\n", new="")
     assert r.ok and r.summary == "edit e.txt (+0 -3)"
+
+
+def test_edit_counts_lines_whose_text_looks_like_diff_headers(ws) -> None:
+    # A changed line whose text starts with "++" or "--" reads "+++..."/"---..." in the diff
+    # body; only the diff's first two lines are file headers.
+    (ws.root / "c.txt").write_text("i++;\n--x;\nk\n")
+    r = call(ws, "edit", path="c.txt", old="i++;\n--x;\n", new="++i;\n---\n")
+    assert r.ok and r.summary == "edit c.txt (+2 -2)"
+
+
+def test_write_summary_says_line_or_lines(ws) -> None:
+    assert call(ws, "write", path="one.txt", content="a\n").summary == "write one.txt (1 line)"
+    assert call(ws, "write", path="two.txt", content="a\nb").summary == "write two.txt (2 lines)"
 
 
 def test_list_shows_files_folders_with_counts_and_errors(ws) -> None:

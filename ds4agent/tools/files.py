@@ -89,6 +89,18 @@ def _lines(text: str) -> int:
     return text.count("\n") + (0 if text.endswith("\n") or not text else 1)
 
 
+def _count(n: int) -> str:
+    return f"{n} line" if n == 1 else f"{n} lines"
+
+
+def _changes(diff: str) -> tuple[int, int]:
+    """Lines added and removed by a unified diff. Only the first two lines are file headers:
+    a changed line whose own text starts with '++' or '--' reads '+++...' in the body and
+    must still count."""
+    body = diff.splitlines()[2:]
+    return sum(ln.startswith("+") for ln in body), sum(ln.startswith("-") for ln in body)
+
+
 def _plan_write(ws: Workspace, args: dict) -> tuple[Path, str | None, str]:
     """The file, its text now (None: it does not exist) and its text after the write."""
     p = ws.resolve(arg(args, "path", str, required=True))
@@ -110,7 +122,7 @@ def new_file_preview(rel: str, content: str) -> str:
     head = "\n".join(lines[:PREVIEW_HEAD])
     more = f"\n… {len(lines) - PREVIEW_HEAD} more lines" if len(lines) > PREVIEW_HEAD else ""
     size = len(content.encode("utf-8"))
-    return f"new file {rel}: {_lines(content)} lines, {size} bytes\n{head}{more}".rstrip("\n")
+    return f"new file {rel}: {_count(_lines(content))}, {size} bytes\n{head}{more}".rstrip("\n")
 
 
 def preview_write(ws: Workspace, args: dict) -> str:
@@ -124,9 +136,9 @@ def write(ws: Workspace, args: dict) -> ToolResult:
     p, old, content = _plan_write(ws, args)
     _write_text(ws, p, content)
     ws.remember(p, content)
-    n = _lines(content)
+    n = _count(_lines(content))
     verb = "rewrote" if old else "created"
-    return ToolResult(f"{verb} {ws.rel(p)} ({n} lines)", f"write {ws.rel(p)} ({n} lines)",
+    return ToolResult(f"{verb} {ws.rel(p)} ({n})", f"write {ws.rel(p)} ({n})",
                       detail=_diff(ws, p, old or "", content))
 
 
@@ -177,8 +189,7 @@ def edit(ws: Workspace, args: dict) -> ToolResult:
     _write_text(ws, p, updated)
     ws.remember(p, updated)
     diff = _diff(ws, p, text, updated)
-    added = sum(1 for ln in diff.splitlines() if ln.startswith("+") and not ln.startswith("+++"))
-    removed = sum(1 for ln in diff.splitlines() if ln.startswith("-") and not ln.startswith("---"))
+    added, removed = _changes(diff)
     return ToolResult(f"edited {ws.rel(p)}:\n{diff}", f"edit {ws.rel(p)} (+{added} -{removed})", detail=diff)
 
 
