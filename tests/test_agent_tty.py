@@ -29,7 +29,7 @@ def test_approve_with_one_key_see_output_and_undo(demo_path, tmp_path) -> None:
     env = {**os.environ, "DS4_MODEL": str(demo_path), "DS4_HOME": str(tmp_path / "home"),
            "DS4_SESSIONS": str(tmp_path / "sessions"), "TERM": "xterm-256color"}
     child = pexpect.spawn(sys.executable, [str(Path(__file__).with_name("agent_script.py")), str(answers), "agent",
-                                           "--ctx", "4096"], cwd=str(root), env=env, encoding="utf-8", timeout=300,
+                                           "--ctx", "4096"], cwd=str(root), env=env, encoding="utf-8", timeout=120,
                           dimensions=(50, 150))
     try:
         child.expect("instructions: AGENTS.md")
