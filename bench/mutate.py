@@ -23,7 +23,6 @@ from __future__ import annotations
 import __future__ as future_flags
 import argparse
 import ast
-import builtins
 import functools
 import importlib
 import json
@@ -35,7 +34,7 @@ import sys
 import tempfile
 import time
 import tomllib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -10,13 +10,11 @@ one: that nothing ran on Ascend hardware is said in README.md and docs/ascend.md
 from __future__ import annotations
 
 import functools
-import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-import mlx.core as mx
 import numpy as np
 import pytest
 import torch

@@ -17,7 +17,6 @@ import openai
 import pytest
 
 from ds4agent.server import ScriptedEngine, ServerOptions
-from ds4agent.server.requests import Defaults
 from ds4agent.server.run import ServerThread
 
 D = "｜DSML｜"

@@ -24,7 +24,6 @@ import atexit
 import json
 import os
 import socket
-import sys
 import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -96,7 +95,6 @@ class Distributed:
         self._next = 1
         self._dropped: list[int] = []
         self.closed = False
-        cfg = self.cfg
         if plan.split == "pipeline":
             self.lo, self.hi = plan.stages[plan.stage]
 

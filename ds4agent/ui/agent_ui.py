@@ -14,7 +14,7 @@ from ..sessions import SessionStore, StoreError
 from ..tools import MODES, SANDBOX_MODES, Request
 from .chat import run_tty
 from .commands import ChatCommands, commands_for, load_session, saved_sessions, session_line
-from .terminal import BOLD, GREY, RESET, YELLOW, Out, TurnView, color_diff, run_events, short_count
+from .terminal import GREY, RESET, YELLOW, Out, TurnView, color_diff, run_events, short_count
 
 OUTPUTS_KEPT = 50  # commands whose whole output /output can show again
 

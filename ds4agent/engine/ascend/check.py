@@ -17,7 +17,6 @@ from typing import Any, Callable
 
 import torch
 
-from . import plain
 from .registry import Registry
 from .weights import DeviceWeights, Q8Matrix, W8A8Matrix
 
