@@ -73,6 +73,20 @@ def _pick_backend(requested: str) -> str:
     return requested
 
 
+
+def _closing_on_error(f, user_error: type[Exception], make):
+    """``make()``, closing the model file ``f`` if it fails: ``user_error`` (a kernel or device
+    problem the user can act on) becomes one EngineError message, anything else propagates."""
+    try:
+        return make()
+    except user_error as e:
+        f.close()
+        raise EngineError(str(e)) from None
+    except Exception:
+        f.close()
+        raise
+
+
 def _read_model(path: str | os.PathLike[str]) -> tuple[GGUFFile, ModelConfig, Tokenizer, bool]:
     """The model file opened and checked, its config, its tokenizer, whether it claims Flash."""
     f = GGUFFile(path)
@@ -132,14 +146,7 @@ class Engine:
         chosen = _pick_backend(backend)
         mx.set_default_device(mx.cpu if chosen == "cpu" else mx.gpu)
         f, cfg, tok, flash = _read_model(path)
-        try:
-            return cls(f, cfg, tok, chosen, ctx, qat_sim, flash, kernels)
-        except KernelError as e:
-            f.close()
-            raise EngineError(str(e)) from None
-        except Exception:
-            f.close()
-            raise
+        return _closing_on_error(f, KernelError, lambda: cls(f, cfg, tok, chosen, ctx, qat_sim, flash, kernels))
 
     @classmethod
     def _open_npu(cls, path, ctx: int, qat_sim: bool, kernels: str | None, devices: str | None,
@@ -156,14 +163,7 @@ class Engine:
         from .ascend.engine import build
 
         f, cfg, tok, flash = _read_model(path)
-        try:
-            built = build(f, cfg, names, ctx, qat_sim, kernels, w8a8)
-        except AscendError as e:
-            f.close()
-            raise EngineError(str(e)) from None
-        except Exception:
-            f.close()
-            raise
+        built = _closing_on_error(f, AscendError, lambda: build(f, cfg, names, ctx, qat_sim, kernels, w8a8))
         e = cls.__new__(cls)
         e._file, e.tokenizer, e.ctx, e._model = f, tok, ctx, built.model
         e._session_class = built.session_class
