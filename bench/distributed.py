@@ -1,11 +1,12 @@
 """Several processes with mx.distributed: what each split reads, sends and gains (docs/distributed.md).
 
-Usage: python bench/distributed.py [MODEL.gguf] [--ranks 2,3] [--prompt N] [--gen N]
+Usage: python bench/distributed.py [MODEL.gguf] [--ranks 2,3] [--prompt N] [--chunk N] [--gen N]
                                    [--mem-gbs 400] [--link-gbps 10] [--latency-us 100]
 
 1. Measured on this machine (loopback, ring backend, every rank on the same CPU cores): prefill
-   and decode speed of each split against one process, and the bytes each rank sent and summed
-   per decoded token (the Link's counters: arrays only, no TCP framing).
+   and decode speed of each split against one process (a pipeline's prefill both with its
+   chunks in flight on several stages and one after another), and the bytes each rank sent and
+   summed per decoded token (the Link's counters: arrays only, no TCP framing).
 2. On paper, for the published Flash layout (a header-only file of the real tensor sizes):
    bytes of weights each rank reads per decoded token (engine/split.read_per_token: what it
    computes; routed experts as k/n of them on average), bytes communicated per token, and the
@@ -32,37 +33,55 @@ import numpy as np
 HERE = Path(__file__).resolve()
 
 
-def worker(path: str, split: str, prompt: int, gen: int, out: str, kernels: str | None) -> int:
-    """One rank (under mlx.launch): rank 0 times prefill and decode; every rank reports counters."""
+def worker(path: str, split: str, prompt: int, gen: int, out: str, kernels: str | None, chunk: int) -> int:
+    """One rank (under mlx.launch): rank 0 times prefill and decode; every rank writes what it
+    sent and summed in each decode step (one token) to out.rankR.json."""
     from ds4agent.engine.distributed import follow, open_engine
 
     engine = open_engine(path, split, backend="cpu", ctx=prompt + gen + 16, kernels=kernels)
     dist = engine.distributed
     link = dist.link
-    if dist.rank != 0:
+    # The Link's counters as each step begins: from one one-token step to the next is what a
+    # decoded token moved on this rank (its step, and the next command passed on round the ring).
+    marks: list[tuple[int, tuple[int, int, int]]] = []
+    hooked = "forward" if dist.rank == 0 else "_step"  # rank 0 sends the command before its step
+    real = getattr(dist, hooked)
+
+    def mark(ids, *args, **kw):
+        marks.append((len(ids), (link.sent, link.reduced, link.messages)))
+        return real(ids, *args, **kw)
+
+    setattr(dist, hooked, mark)
+    if dist.rank == 0:
+        ids = np.random.default_rng(0).integers(100, 120000, prompt).tolist()
+        s = engine.session()
+        s.sync(ids[:8])  # warm-up: dense weights materialised on every rank
+        pre = {}
+        for name, window in (("prefill_sequential", 1), ("prefill", dist.pipeline_window)):
+            dist.pipeline_window = window  # only rank 0 decides how many chunks are in flight
+            s = engine.session()
+            s.prefill_chunk = chunk
+            t = time.perf_counter()
+            s.sync(ids)
+            pre[name] = prompt / (time.perf_counter() - t)
+        t = time.perf_counter()
+        for _ in range(gen):
+            s.eval(int(np.argmax(s.logits)))
+        dec = time.perf_counter() - t
+        code = 0
+        engine.close()
+        with open(out, "w") as f:
+            json.dump({**pre, "decode_tps": gen / dec, "chunk": s.prefill_chunk}, f)
+    else:
         code = follow(engine)
-        return code
-    ids = np.random.default_rng(0).integers(100, 120000, prompt).tolist()
-    s = engine.session()
-    s.sync(ids[:8])  # warm-up: dense weights materialised on every rank
-    s = engine.session()
-    t = time.perf_counter()
-    s.sync(ids)
-    pre = time.perf_counter() - t
-    before = (link.sent, link.reduced, link.messages)
-    t = time.perf_counter()
-    for _ in range(gen):
-        s.eval(int(np.argmax(s.logits)))
-    dec = time.perf_counter() - t
-    sent, reduced, msgs = (a - b for a, b in zip((link.sent, link.reduced, link.messages), before))
-    engine.close()
-    with open(out, "w") as f:
-        json.dump({"prefill_tps": prompt / pre, "decode_tps": gen / dec, "sent_per_token_rank0": sent / gen,
-                   "reduced_per_token_rank0": reduced / gen, "messages_per_token_rank0": msgs / gen}, f)
-    return 0
+    steps = [np.subtract(b, a) for (n, a), (_, b) in zip(marks, marks[1:]) if n == 1]
+    per = np.mean(np.array(steps, dtype=np.float64), axis=0) if steps else np.zeros(3)
+    with open(f"{out}.rank{dist.rank}.json", "w") as f:
+        json.dump({"sent": per[0], "reduced": per[1], "messages": per[2]}, f)
+    return code
 
 
-def single(path: str, prompt: int, gen: int, kernels: str | None) -> dict:
+def single(path: str, prompt: int, gen: int, kernels: str | None, chunk: int) -> dict:
     from ds4agent.engine import Engine
 
     e = Engine.open(path, backend="cpu", ctx=prompt + gen + 16, kernels=kernels)
@@ -70,6 +89,7 @@ def single(path: str, prompt: int, gen: int, kernels: str | None) -> dict:
     s = e.session()
     s.sync(ids[:8])
     s = e.session()
+    s.prefill_chunk = chunk
     t = time.perf_counter()
     s.sync(ids)
     pre = time.perf_counter() - t
@@ -81,8 +101,8 @@ def single(path: str, prompt: int, gen: int, kernels: str | None) -> dict:
     return {"prefill_tps": prompt / pre, "decode_tps": gen / dec}
 
 
-def measured(path: str, ranks: list[int], prompt: int, gen: int, kernels: str | None) -> None:
-    one = single(path, prompt, gen, kernels)
+def measured(path: str, ranks: list[int], prompt: int, gen: int, kernels: str | None, chunk: int) -> None:
+    one = single(path, prompt, gen, kernels, chunk)
     print(f"## measured on loopback ({path}, {prompt}-token prompt, {gen} decoded tokens, kernels {kernels or 'auto'})")
     print(f"one process: prefill {one['prefill_tps']:.1f} t/s, decode {one['decode_tps']:.2f} t/s")
     launch = Path(sys.executable).parent / "mlx.launch"
@@ -92,16 +112,22 @@ def measured(path: str, ranks: list[int], prompt: int, gen: int, kernels: str | 
                 out = os.path.join(d, "r.json")
                 cmd = [str(launch), "-n", str(n), "--backend", "ring", "--starting-port", str(41000 + 10 * n),
                        "--python", sys.executable, "--", str(HERE), path, "--worker", split, "--prompt", str(prompt),
-                       "--gen", str(gen), "--out", out] + (["--kernels", kernels] if kernels else [])
+                       "--gen", str(gen), "--chunk", str(chunk), "--out", out] + (["--kernels", kernels] if kernels else [])
                 r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
                 if not os.path.exists(out):
                     print(f"{split} x{n}: failed\n{r.stderr[-2000:]}")
                     continue
                 m = json.load(open(out))
-            print(f"{split:8s} x{n}: prefill {m['prefill_tps']:.1f} t/s ({m['prefill_tps'] / one['prefill_tps']:.2f}x), "
-                  f"decode {m['decode_tps']:.2f} t/s ({m['decode_tps'] / one['decode_tps']:.2f}x); rank 0 per token: "
-                  f"sent {m['sent_per_token_rank0'] / 1024:.1f} KiB, summed/gathered "
-                  f"{m['reduced_per_token_rank0'] / 1024:.1f} KiB in {m['messages_per_token_rank0']:.0f} messages")
+                ranks_ = [json.load(open(f"{out}.rank{r}.json")) for r in range(n)]
+            seq = ""
+            if split == "pipeline":
+                seq = (f" (chunks of {m['chunk']} one after another: {m['prefill_sequential']:.1f} t/s, "
+                       f"{m['prefill_sequential'] / one['prefill_tps']:.2f}x)")
+            print(f"{split:8s} x{n}: prefill {m['prefill']:.1f} t/s ({m['prefill'] / one['prefill_tps']:.2f}x){seq}, "
+                  f"decode {m['decode_tps']:.2f} t/s ({m['decode_tps'] / one['decode_tps']:.2f}x)")
+            for r, c in enumerate(ranks_):
+                print(f"    rank {r} per decoded token: sent {c['sent'] / 1024:.1f} KiB, summed/gathered "
+                      f"{c['reduced'] / 1024:.1f} KiB, {c['messages']:.0f} messages")
 
 
 def paper(mem_gbs: float, link_gbps: float, latency_us: float, ranks: list[int]) -> None:
@@ -149,7 +175,8 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("model", nargs="?")
     ap.add_argument("--ranks", default="2,3")
-    ap.add_argument("--prompt", type=int, default=64)
+    ap.add_argument("--prompt", type=int, default=512)
+    ap.add_argument("--chunk", type=int, default=128, help="prefill chunk (several, so a pipeline overlaps them)")
     ap.add_argument("--gen", type=int, default=16)
     ap.add_argument("--kernels", default=None)
     ap.add_argument("--mem-gbs", type=float, default=400.0, help="memory bandwidth of one machine (GB/s)")
@@ -163,10 +190,10 @@ def main() -> int:
 
     path = a.model or str(ensure_demo())
     if a.worker:
-        return worker(path, a.worker, a.prompt, a.gen, a.out, a.kernels)
+        return worker(path, a.worker, a.prompt, a.gen, a.out, a.kernels, a.chunk)
     ranks = [int(r) for r in a.ranks.split(",")]
     if not a.paper_only:
-        measured(path, ranks, a.prompt, a.gen, a.kernels)
+        measured(path, ranks, a.prompt, a.gen, a.kernels, a.chunk)
     paper(a.mem_gbs, a.link_gbps, a.latency_us, ranks)
     return 0
 

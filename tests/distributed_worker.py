@@ -19,6 +19,23 @@ def scenario(engine, out: str, single_blob: bytes | None) -> None:
     prompt = [int(t) for t in np.random.default_rng(0).integers(100, 5000, 13)]
     s.sync(prompt)
     rec["prefill"] = s.logits.copy()
+    dist = getattr(engine, "distributed", None)
+    if dist is not None:  # a pipeline had its chunks in flight on several stages at once
+        rec["in_flight"] = np.array(dist.most_in_flight)
+    v = engine.session(ctx=256)  # a prefill interrupted after its first chunk, then resumed
+    v.prefill_chunk = 5
+
+    def stop(done: int, total: int) -> None:
+        if done >= 5:
+            raise InterruptedError
+
+    try:
+        v.sync(prompt, stop)
+    except InterruptedError:
+        pass
+    rec["interrupted_n"] = np.array(v.n_tokens)
+    v.sync(prompt)
+    rec["resumed"] = v.logits.copy()
     greedy = []
     for i, step in enumerate(s.generate(SamplingParams(temperature=0.0), max_tokens=4, stop_at_eos=False)):
         greedy.append(step.token)

@@ -65,7 +65,8 @@ def single(demo_path: Path, tmp_path_factory) -> dict:
 def _compare(group: dict, single: dict, exact: bool) -> None:
     for k in ("greedy", "sampled"):
         assert group[k].tolist() == single[k].tolist(), k
-    for k in ("prefill", "greedy1", "greedy2", "greedy3", "after_sampled", "after_rollback", "restored"):
+    assert int(group["interrupted_n"]) == int(single["interrupted_n"]) == 5  # the first chunk, no more
+    for k in ("prefill", "resumed", "greedy1", "greedy2", "greedy3", "after_sampled", "after_rollback", "restored"):
         a, b = group[k], single[k]
         if exact:
             assert np.array_equal(a, b), k
@@ -100,6 +101,8 @@ def test_group_matches_one_process(demo_path: Path, single: dict, tmp_path: Path
     single["_path"] = demo_path
     group = run_group(demo_path, split, n, "cpu-exact", tmp_path / "g.npz", single["_snap"], spy=tmp_path)
     _compare(group, single, exact=split == "pipeline")
+    # 13 prompt tokens in chunks of 5: a pipeline keeps one chunk per stage in flight.
+    assert int(group["in_flight"]) == (min(n, 3) if split == "pipeline" else 0)
     _check_pages(demo_path, split, n, tmp_path)
 
 

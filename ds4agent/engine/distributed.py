@@ -25,6 +25,7 @@ import json
 import os
 import socket
 import weakref
+from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -36,7 +37,7 @@ from . import split as splits
 from .launch import launched
 from .link import GroupError, Link, StderrFilter, init
 from .model import Model, Part
-from .session import Session, _Live
+from .session import Progress, Session, _Live
 from .state import ModelState, layer_bytes, layer_from_bytes, layer_nbytes, read_payload, write_payload
 
 if TYPE_CHECKING:
@@ -95,6 +96,10 @@ class Distributed:
         self._next = 1
         self._dropped: list[int] = []
         self.closed = False
+        # Chunks of a prefill in flight at once: one per stage keeps every stage busy; more
+        # would only queue hidden states (DS4_DIST_PIPELINE=1 turns it off, for comparison).
+        self.pipeline_window = plan.size if os.environ.get("DS4_DIST_PIPELINE") != "1" else 1
+        self.most_in_flight = 0  # the most chunks that were in flight at once (the tests look)
         if plan.split == "pipeline":
             self.lo, self.hi = plan.stages[plan.stage]
 
@@ -104,11 +109,29 @@ class Distributed:
 
     def forward(self, ids: np.ndarray, state: ModelState, all_logits: bool = False):
         ids = np.asarray(ids, dtype=np.int64)
+        dst = self.issue(ids, state.remote, state.n_tokens, all_logits)
+        return self.finish(ids, state, dst, all_logits)
+
+    def issue(self, ids: np.ndarray, src: "_Handle | None", n_tokens: int, all_logits: bool = False) -> "_Handle":
+        """Rank 0: send the command of a step from the followers' state ``src`` (None: the
+        empty one) after ``n_tokens``; returns the handle of the state it makes. The step's
+        own part on rank 0 is ``finish``; in between, more steps may be issued (a pipelined
+        prefill), since every process takes its commands in order."""
         dst = self._new()
-        self._command(STEP, self._src(state), dst.id, flags=int(all_logits), n_tokens=state.n_tokens,
-                      data=ids.astype(np.int32))
         try:
-            out = self._step(ids, state, all_logits)
+            self._command(STEP, 0 if src is None else src.id, dst.id, flags=int(all_logits), n_tokens=n_tokens,
+                          data=np.asarray(ids).astype(np.int32))
+        except GroupError:
+            raise
+        except BaseException as e:  # half a command sent: the next bytes would be misread
+            raise self.link.fail(f"rank 0 stopped while sending a command ({type(e).__name__}); the group is "
+                                 "stopped") from e
+        return dst
+
+    def finish(self, ids: np.ndarray, state: ModelState, dst: "_Handle", all_logits: bool = False):
+        """Rank 0: its part of the oldest issued step (``state``: the live state forked)."""
+        try:
+            out = self._step(np.asarray(ids, dtype=np.int64), state, all_logits)
         except GroupError:
             raise
         except BaseException as e:
@@ -119,6 +142,25 @@ class Distributed:
                                  "stopped") from e
         state.remote = dst
         return out
+
+    def discard(self, ids: np.ndarray) -> None:
+        """Rank 0 of a pipeline: take the hidden state of an issued step it will not finish
+        (a prefill interrupted with chunks in flight), so the next read is the next step's.
+        The followers' state of that step is freed when its handle goes."""
+        try:
+            self.link.recv((len(ids), self.cfg.hc_count, self.cfg.n_embd), mx.float32, self.link.left,
+                           self._deadline(len(ids)), "receiving the hidden state")
+        except GroupError:
+            raise
+        except BaseException as e:
+            raise self.link.fail(f"rank 0 stopped while ending a prefill ({type(e).__name__}); the group is "
+                                 "stopped") from e
+
+    def _deadline(self, n: int) -> float:
+        """How long a hidden state of ``n`` tokens may take to come (or to be taken): the
+        stages before compute it first, and in a pipelined prefill the receiver may still be
+        busy with the chunk before."""
+        return self.link.timeout * (1 + n / 64)
 
     def full_state(self, state: ModelState) -> ModelState:
         """The whole state on rank 0: a pipeline gathers the other stages' layers (as their
@@ -233,14 +275,13 @@ class Distributed:
             X = m.embed(ids)
         else:
             shape = (T, self.cfg.hc_count, self.cfg.n_embd)
-            # The deadline grows with the chunk: the stages before this one compute it first.
-            X = link.recv(shape, mx.float32, link.left, link.timeout * (1 + T / 64), "receiving the hidden state",
+            X = link.recv(shape, mx.float32, link.left, self._deadline(T), "receiving the hidden state",
                           numpy=m.xp is not mx)
         X = m.layers(X, ids, state, range(self.lo, self.hi))
         m.advance(state, T)
         if stage == plan.size - 1:
             return m.head(X, all_logits)
-        link.send(X, link.right, link.timeout, "handing on the hidden state")
+        link.send(X, link.right, self._deadline(T), "handing on the hidden state")
         return None
 
     def _give_snapshot(self, state: ModelState, n: int) -> None:
@@ -274,6 +315,42 @@ class DistributedSession(Session):
 
     def reset(self) -> None:
         self._live = _Live(self._model.empty_state(), [], 0, None)
+
+    def _prefill(self, todo: list[int], progress: Progress | None) -> None:
+        """A pipeline keeps up to one chunk per stage in flight: while rank 0 runs the last
+        stage of chunk k, the stage before runs chunk k + 1, and so on up the ring. The
+        commands go out ahead (every process takes them in order, so nothing else changes);
+        each chunk still commits on its own, in order. Interrupted between chunks (``progress``
+        raised), the chunks already in flight are received and dropped: the session holds the
+        chunks committed so far, as in one process."""
+        dist = self._model
+        c = self.prefill_chunk
+        chunks = [np.asarray(todo[off : off + c], dtype=np.int64) for off in range(0, len(todo), c)]
+        window = dist.pipeline_window
+        if dist.plan.split != "pipeline" or window < 2 or len(chunks) < 2:
+            return super()._prefill(todo, progress)
+        flight: deque[tuple[np.ndarray, _Handle]] = deque()
+        src, n = self._live.state.remote, self._live.n
+        issued = 0
+        try:
+            for k, ids in enumerate(chunks):
+                while issued < len(chunks) and issued < k + window:
+                    src = dist.issue(chunks[issued], src, n)
+                    n += len(chunks[issued])
+                    flight.append((chunks[issued], src))
+                    issued += 1
+                    dist.most_in_flight = max(dist.most_in_flight, len(flight))
+                state = self._live.state.fork()
+                _, dst = flight.popleft()
+                self._commit(ids, state, dist.finish(ids, state, dst))
+                if progress:
+                    progress(min((k + 1) * c, len(todo)), len(todo))
+        except GroupError:
+            raise
+        except BaseException:
+            for ids, _ in flight:
+                dist.discard(ids)
+            raise
 
     def snapshot(self) -> bytes:
         live = self._live

@@ -142,9 +142,12 @@ class Session:
         self._live = _Live(live.state, live.tokens[: live.n], live.n, live.logits)
 
     def _run(self, ids: Sequence[int]) -> None:
+        state = self._live.state.fork()
+        self._commit(ids, state, self._model.forward(np.asarray(ids, dtype=np.int64), state))
+
+    def _commit(self, ids: Sequence[int], state: ModelState, out) -> None:
+        """Make ``state`` (the live state forked, then advanced by ``ids``) the live one."""
         live = self._live
-        state = live.state.fork()
-        out = self._model.forward(np.asarray(ids, dtype=np.int64), state)
         logits = np.array(out, dtype=np.float32)
         logits.setflags(write=False)
         tokens = live.tokens
@@ -170,13 +173,17 @@ class Session:
             n = 0
         todo = ids[n:]
         start = time.perf_counter()
+        self._prefill(todo, progress)
+        if todo:
+            self.last_prefill = PrefillStats(len(todo), time.perf_counter() - start)
+        return len(todo)
+
+    def _prefill(self, todo: list[int], progress: Progress | None) -> None:
+        """Evaluate ``todo`` after the live tokens, one committed chunk at a time."""
         for off in range(0, len(todo), self.prefill_chunk):
             self._run(todo[off : off + self.prefill_chunk])
             if progress:
                 progress(min(off + self.prefill_chunk, len(todo)), len(todo))
-        if todo:
-            self.last_prefill = PrefillStats(len(todo), time.perf_counter() - start)
-        return len(todo)
 
     def snapshot(self) -> bytes:
         """The live state as a DSV4 session payload (docs/model.md §6.1)."""
