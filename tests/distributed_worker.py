@@ -77,6 +77,10 @@ def main() -> int:
     if os.environ.get("DS4_TEST_VERSION") and rank == 1:  # another ds4agent version on rank 1
         distributed.__version__ = os.environ["DS4_TEST_VERSION"]
     engine = open_engine(path, split, backend="cpu", kernels=kernels)
+    socks = engine.distributed.link._socks  # the ring's own sockets: one to each side, found once
+    if socks is None or (len(socks["left"]), len(socks["right"])) != (1, 1):
+        print(f"rank {rank}: ring sockets found: {socks and {k: len(v) for k, v in socks.items()}}", file=sys.stderr)
+        return 3
     spy = os.environ.get("DS4_TEST_SPY")
     touched = _spy(engine) if spy else None
     try:

@@ -86,12 +86,16 @@ def ring_sockets(rank: int, size: int) -> dict[str, list[socket.socket]] | None:
         limit = min(os.sysconf("SC_OPEN_MAX"), 4096)
     except (ValueError, OSError):
         limit = 1024
+    # The descriptors open now, listed before any is duplicated: a duplicate gets a higher
+    # number, and a scan that met it would take it (and duplicate it) again.
+    fds = []
     for fd in range(3, limit):
         try:
-            if not stat.S_ISSOCK(os.fstat(fd).st_mode):
-                continue
+            if stat.S_ISSOCK(os.fstat(fd).st_mode):
+                fds.append(fd)
         except OSError:
             continue
+    for fd in fds:
         s = socket.socket(fileno=os.dup(fd))
         try:
             local, peer = s.getsockname()[:2], s.getpeername()[:2]
