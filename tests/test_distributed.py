@@ -264,3 +264,117 @@ def test_killed_rank_stops_the_others_with_one_message(demo_path: Path, victim: 
                 os.kill(c, signal.SIGKILL)
             except OSError:
                 pass
+
+
+# -- front ends on a group -------------------------------------------------------------------
+
+def _serve(demo_path: Path, tmp: Path, extra: list[str]):
+    """`ds4 serve` on a free port (greedy, 12 tokens); returns the process and an openai client."""
+    import socket
+    import time
+
+    import openai
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLX_")}
+    env.update(DS4_HOME=str(tmp / "home"), DS4_DIST_PORT=str(PORT[0]))
+    PORT[0] += 6
+    p = subprocess.Popen([sys.executable, "-m", "ds4agent", "serve", "-m", str(demo_path), "--port", str(port),
+                          "--ctx", "1024", "--sessions", str(tmp / "kv"), "--cache-min-tokens", "1", "-n", "12",
+                          "--temp", "0", "--backend", "cpu", "--kernels", "cpu-exact", *extra],
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=0, timeout=120)
+    deadline = time.monotonic() + 150
+    while True:
+        try:
+            c.models.list()
+            return p, c
+        except openai.APIConnectionError:
+            if p.poll() is not None or time.monotonic() > deadline:
+                p.kill()
+                raise AssertionError(p.communicate()[1][-3000:])
+            time.sleep(0.3)
+
+
+@pytest.mark.slow
+def test_serve_on_a_pipeline_group_answers_as_one_process(demo_path: Path, tmp_path: Path) -> None:
+    """`ds4 serve --hosts localhost,localhost`: rank 0 owns the HTTP socket; two turns (the
+    second reusing the first's cache) give one process's greedy text; Ctrl+C saves the live
+    session as one ordinary file (gathered from both ranks) and ends every process."""
+    import signal
+
+    from ds4agent.engine import Engine
+    from ds4agent.sessions.store import SessionStore
+
+    turns = [[{"role": "user", "content": "hello there"}]]
+    answers: dict[str, list[str]] = {}
+    for name, extra in (("one", []), ("group", ["--hosts", "localhost,localhost", "--split", "pipeline"])):
+        tmp = tmp_path / name
+        p, c = _serve(demo_path, tmp, extra)
+        try:
+            got = []
+            r = c.chat.completions.create(model="m", messages=turns[0])
+            got.append(r.choices[0].message.model_dump_json())
+            follow = turns[0] + [{"role": "assistant", "content": r.choices[0].message.content or "x"},
+                                 {"role": "user", "content": "and then?"}]
+            r2 = c.chat.completions.create(model="m", messages=follow)
+            got.append(r2.choices[0].message.model_dump_json())
+            assert r2.usage.prompt_tokens_details.cached_tokens > 0
+            answers[name] = got
+            followers = _children(p.pid)
+            p.send_signal(signal.SIGINT)
+            _, err = p.communicate(timeout=60)
+        finally:
+            if p.poll() is None:
+                p.kill()
+        assert p.returncode == 0 and "Traceback" not in err, err
+        assert "reason=shutdown" in err, err
+        if name == "group":
+            assert len(followers) == 1
+            for f in followers:  # the follower left with rank 0
+                assert not Path(f"/proc/{f}").exists() or \
+                    Path(f"/proc/{f}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+        saved = [i for i in SessionStore(tmp / "kv").list() if i.reason == "shutdown"]
+        assert len(saved) == 1
+        answers[name].append(saved[0].sha)
+    assert answers["group"] == answers["one"]  # the same text, so the same file name
+    logits = []
+    with Engine.open(demo_path, backend="cpu", kernels="cpu-exact") as e:
+        for name in ("one", "group"):  # the group's file loads in one process, the same state
+            s = e.session(ctx=1024)
+            SessionStore(tmp_path / name / "kv").load(answers[name][2], s)
+            s.eval(3)
+            logits.append(s.logits.copy())
+    assert np.array_equal(*logits)
+
+
+@pytest.mark.slow
+def test_chat_and_bench_on_an_expert_group(demo_path: Path, tmp_path: Path) -> None:
+    """Pipe-mode `ds4 chat` over `--hosts` with the expert split gives one process's greedy
+    answers (cpu-exact kernels: the partial sums reorder only float additions); `ds4 bench`
+    runs on the group and writes its CSV."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLX_")}
+    env.update(DS4_MODEL=str(demo_path), DS4_HOME=str(tmp_path / "home"))
+    base = [sys.executable, "-m", "ds4agent", "--ctx", "1024", "-n", "6", "--temp", "0", "--nothink", "--backend", "cpu",
+            "--kernels", "cpu-exact"]
+    outs = []
+    for extra in ([], ["--hosts", "localhost,localhost", "--split", "experts"]):
+        env["DS4_DIST_PORT"] = str(PORT[0])
+        PORT[0] += 6
+        r = subprocess.run(base + extra, input="Hello\nAgain\n", capture_output=True, text=True, env=env, timeout=240,
+                           cwd=ROOT)
+        assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
+        outs.append(r.stdout)
+    assert outs[0].count("\n") == 2 and outs[1] == outs[0]
+    env["DS4_DIST_PORT"] = str(PORT[0])
+    PORT[0] += 6
+    csv = tmp_path / "b.csv"
+    r = subprocess.run([sys.executable, "-m", "ds4agent", "bench", "--backend", "cpu", "--kernels", "cpu-exact",
+                        "--ctx-start", "64", "--ctx-max", "128", "--step-incr", "64", "--gen-tokens", "4",
+                        "--csv", str(csv), "--hosts", "localhost,localhost", "--split", "experts"],
+                       capture_output=True, text=True, env=env, timeout=240, cwd=ROOT)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    rows = csv.read_text().strip().splitlines()
+    assert len(rows) == 3, rows  # a header and the two context sizes
