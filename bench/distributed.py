@@ -105,19 +105,18 @@ def measured(path: str, ranks: list[int], prompt: int, gen: int, kernels: str | 
     one = single(path, prompt, gen, kernels, chunk)
     print(f"## measured on loopback ({path}, {prompt}-token prompt, {gen} decoded tokens, kernels {kernels or 'auto'})")
     print(f"one process: prefill {one['prefill_tps']:.1f} t/s, decode {one['decode_tps']:.2f} t/s")
-    launch = Path(sys.executable).parent / "mlx.launch"
+    print(f"(the ranks share this machine's {os.cpu_count()} cores: each gets cores / N kernel threads, DS4_THREADS)")
+    cores = os.cpu_count() or 1
     for split in ("pipeline", "experts"):
         for n in ranks:
             with tempfile.TemporaryDirectory() as d:
                 out = os.path.join(d, "r.json")
-                cmd = [str(launch), "-n", str(n), "--backend", "ring", "--starting-port", str(41000 + 10 * n),
-                       "--python", sys.executable, "--", str(HERE), path, "--worker", split, "--prompt", str(prompt),
-                       "--gen", str(gen), "--chunk", str(chunk), "--out", out] + (["--kernels", kernels] if kernels else [])
-                r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
-                if not os.path.exists(out):
-                    print(f"{split} x{n}: failed\n{r.stderr[-2000:]}")
+                m, err = _run_ranks(n, d, [str(HERE), path, "--worker", split, "--prompt", str(prompt), "--gen", str(gen),
+                                           "--chunk", str(chunk), "--out", out] + (["--kernels", kernels] if kernels else []),
+                                    threads=max(1, cores // n))
+                if m is None:
+                    print(f"{split} x{n}: failed\n{err[-2000:]}")
                     continue
-                m = json.load(open(out))
                 ranks_ = [json.load(open(f"{out}.rank{r}.json")) for r in range(n)]
             seq = ""
             if split == "pipeline":
@@ -128,6 +127,28 @@ def measured(path: str, ranks: list[int], prompt: int, gen: int, kernels: str | 
             for r, c in enumerate(ranks_):
                 print(f"    rank {r} per decoded token: sent {c['sent'] / 1024:.1f} KiB, summed/gathered "
                       f"{c['reduced'] / 1024:.1f} KiB, {c['messages']:.0f} messages")
+
+
+def _run_ranks(n: int, d: str, args: list[str], threads: int) -> tuple[dict | None, str]:
+    """Start n ranks on loopback the way mlx.launch does (MLX_RANK, and the ring backend's
+    hostfile in MLX_HOSTFILE), each with ``threads`` kernel threads: ranks sharing one
+    machine's cores would otherwise each start a thread per core and spin against each other
+    (and mlx.launch's own output loop polls without sleeping, taking a core of its own)."""
+    base = 41000 + 10 * n + (os.getpid() % 50) * 40
+    hostfile = os.path.join(d, "hosts.json")
+    with open(hostfile, "w") as f:
+        json.dump([[f"127.0.0.1:{base + r}"] for r in range(n)], f)
+    procs = []
+    for r in range(n):
+        env = {**os.environ, "MLX_RANK": str(r), "MLX_HOSTFILE": hostfile,
+               "DS4_THREADS": str(threads)}
+        procs.append(subprocess.Popen([sys.executable, *args], env=env, stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.PIPE, text=True))
+    errs = [p.communicate(timeout=1800)[1] for p in procs]
+    out = args[args.index("--out") + 1]
+    if any(p.returncode for p in procs) or not os.path.exists(out):
+        return None, "\n".join(errs)
+    return json.load(open(out)), ""
 
 
 def paper(mem_gbs: float, link_gbps: float, latency_us: float, ranks: list[int]) -> None:
