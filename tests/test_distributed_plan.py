@@ -8,7 +8,8 @@ import json
 import pytest
 
 from ds4agent.engine import split as splits
-from ds4agent.engine.launch import Host, LaunchError, read_hostfile, ring_hostfile, strip_options
+from ds4agent.engine.launch import (Host, LaunchError, follower_command, local_threads, read_hostfile, ring_hostfile,
+                                    strip_options)
 from ds4agent.modelfile.config import FLASH
 
 
@@ -62,3 +63,20 @@ def test_launcher_pieces(tmp_path) -> None:
     f.write_text(json.dumps([{"ssh": "m1", "ips": ["10.0.0.1"]}, {"ips": ["10.0.0.2"]}]))
     with pytest.raises(LaunchError, match="host 1"):
         read_hostfile(str(f))
+
+
+def test_ranks_sharing_this_machine_share_its_cores(monkeypatch) -> None:
+    monkeypatch.delenv("DS4_THREADS", raising=False)
+    monkeypatch.setattr("os.cpu_count", lambda: 8)
+    here, there = Host("localhost", "127.0.0.1"), Host("mac2", "10.0.0.2")
+    assert local_threads([here, here]) == 4
+    assert local_threads([here, here, here]) == 2
+    assert local_threads([here, there, here, here]) == 2  # rank 0 and two more here
+    assert local_threads([Host("mac1", "10.0.0.1"), there]) is None  # one rank per machine
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    assert local_threads([here] * 3) == 1
+    monkeypatch.setenv("DS4_THREADS", "3")  # the user's own choice stands
+    assert local_threads([here, here]) is None
+    script = follower_command("/py", ["-p", "hi"], 1, "[]", "/w", threads=4)
+    assert "export DS4_THREADS=4;" in script and script.index("DS4_THREADS") < script.index("exec ")
+    assert "DS4_THREADS" not in follower_command("/py", ["-p", "hi"], 1, "[]", "/w")

@@ -105,11 +105,13 @@ def ring_hostfile(hosts: list[Host], port: int) -> str:
     return json.dumps([[f"{h.ip}:{port + r}"] for r, h in enumerate(hosts)])
 
 
-def follower_command(python: str, argv: list[str], rank: int, ring: str, cwd: str) -> str:
+def follower_command(python: str, argv: list[str], rank: int, ring: str, cwd: str, threads: int | None = None) -> str:
     """A bash script that runs ``argv`` (ds4's own arguments) as ``rank``: the hostfile in a
-    temporary file, the environment mlx.launch would set."""
+    temporary file, the environment mlx.launch would set (and DS4_THREADS when given)."""
     script = f"cd {shlex.quote(cwd)} 2>/dev/null; f=$(mktemp); printf %s {shlex.quote(ring)} > \"$f\"; "
     script += f"export MLX_HOSTFILE=\"$f\" MLX_RANK={rank} DS4_GROUP_FOLLOWER=1; "
+    if threads:
+        script += f"export DS4_THREADS={threads}; "
     script += f"exec {shlex.quote(python)} -m ds4agent.cli " + " ".join(shlex.quote(a) for a in argv)
     return script
 
@@ -130,6 +132,16 @@ def strip_options(argv: list[str]) -> list[str]:
     return out
 
 
+def local_threads(hosts: list[Host]) -> int | None:
+    """Kernel threads for each rank on this machine when several share it (rank 0 is always
+    here): each would start one per core and they would spin against each other (the loopback
+    group ran several times slower so). None when one rank is here or DS4_THREADS is set."""
+    here = 1 + sum(1 for h in hosts[1:] if h.ssh in LOCAL)
+    if here < 2 or os.environ.get("DS4_THREADS"):
+        return None
+    return max(1, (os.cpu_count() or 1) // here)
+
+
 def start(hosts: list[Host], argv: list[str], port: int | None = None) -> list[subprocess.Popen]:
     """Start ranks 1.. and make this process rank 0 (its environment says so for
     mx.distributed.init). Followers' standard output is discarded (rank 0 owns it); their
@@ -141,9 +153,12 @@ def start(hosts: list[Host], argv: list[str], port: int | None = None) -> list[s
         f.write(ring)
     os.environ["MLX_HOSTFILE"], os.environ["MLX_RANK"] = path, "0"
     args = strip_options(argv)
+    threads = local_threads(hosts)
+    if threads:
+        os.environ["DS4_THREADS"] = str(threads)  # read when this process loads its kernels
     procs = []
     for rank, h in enumerate(hosts[1:], 1):
-        script = follower_command(sys.executable, args, rank, ring, os.getcwd())
+        script = follower_command(sys.executable, args, rank, ring, os.getcwd(), threads if h.ssh in LOCAL else None)
         cmd = ["bash", "-c", script] if h.ssh in LOCAL else ["ssh", "-o", "BatchMode=yes", h.ssh, script]
         try:
             procs.append(subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
