@@ -591,3 +591,108 @@ def test_budget_counts_a_file_gone_meanwhile_as_freed(tmp_path, monkeypatch) -> 
 def test_budget_goes_on_past_a_file_it_cannot_remove(tmp_path, monkeypatch) -> None:
     got = _budget_case(tmp_path, monkeypatch, 20, "c" * 40, make_a=lambda p: p.mkdir())
     assert got == {"a": True, "b": False, "c": True}
+
+
+# -- failures turned into one-line errors ------------------------------------------------------
+def test_a_lock_that_cannot_be_taken_is_one_store_error(tmp_path, monkeypatch) -> None:
+    st = SessionStore(tmp_path / "s")
+
+    def refuse(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(store_module.fcntl, "flock", refuse)
+    with pytest.raises(StoreError) as e:
+        st.save(FakeSession(USER + b"q"), "cold")
+    assert str(e.value) == f"{st.dir / '.lock'}: cannot lock the store: No locks available"
+
+
+def test_a_folder_sync_failure_after_the_rename_says_it_was_saved(tmp_path, monkeypatch) -> None:
+    st = SessionStore(tmp_path / "s")
+    st.dir.mkdir()
+    real = os.fsync
+    dir_ino = os.stat(st.dir).st_ino
+
+    def fsync(fd):
+        if os.fstat(fd).st_ino == dir_ino:
+            raise OSError(errno.EIO, "Input/output error")
+        return real(fd)
+
+    monkeypatch.setattr(store_module.os, "fsync", fsync)
+    text = USER + b"q"
+    with pytest.raises(StoreError) as e:
+        st.save(FakeSession(text), "cold")
+    assert str(e.value) == f"{st.dir}: saved, but the folder could not be synced to disk: Input/output error"
+    assert read_header(st.path(sha(text)))[1] == text
+
+
+def test_the_sweep_goes_on_past_a_temp_file_gone_meanwhile(tmp_path, monkeypatch) -> None:
+    d = tmp_path / "s"
+    d.mkdir()
+    gone = d / f".{'a' * 40}.kv.4000000.1.tmp"
+    stale = d / f".{'b' * 40}.kv.4000000.2.tmp"
+    for p in (gone, stale):
+        p.write_bytes(b"x")
+        os.utime(p, (1000, 1000))
+    real = os.lstat
+
+    def lstat(p, *a, **k):
+        if Path(p) == gone:
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory")
+        return real(p, *a, **k)
+
+    monkeypatch.setattr(store_module.os, "lstat", lstat)
+    monkeypatch.setattr(store_module.os, "listdir", lambda p: [gone.name, stale.name])
+    monkeypatch.setattr(store_module.os, "kill", _kill_raising(ProcessLookupError))
+    SessionStore(d)._sweep_temps()
+    assert not stale.exists()
+
+
+def test_load_of_a_file_whose_text_does_not_match_its_name(tmp_path) -> None:
+    d = tmp_path / "s"
+    p = put(d, USER + b"other", name="cd" * 20)
+    s = FakeSession(b"live")
+    with pytest.raises(StoreError) as e:
+        SessionStore(d).load("cd" * 20, s)
+    assert str(e.value) == f"{p}: text does not match the file's name (corrupt); not loaded"
+    assert s.tokens == list(b"live")
+
+
+@pytest.mark.parametrize("exc, tail", [
+    (UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte"),
+     "'utf-8' codec can't decode byte 0xff in position 0: invalid start byte"),
+    (OSError(errno.EIO, "Input/output error"), "cannot load: Input/output error"),
+    (MemoryError(), "not enough memory to load it"),
+])
+def test_load_turns_a_failure_of_the_resume_into_one_line(tmp_path, exc, tail) -> None:
+    d = tmp_path / "s"
+    text = USER + b"q"
+    p = put(d, text)
+    s = FakeSession(b"live")
+
+    def sync(ids):
+        s.tokens = [1]  # half-done: the rollback must undo it
+        raise exc
+
+    s.sync = sync  # type: ignore[method-assign]
+    with pytest.raises(StoreError) as e:
+        SessionStore(d).load(sha(text), s)
+    assert str(e.value) == f"{p}: {tail}"
+    assert s.tokens == list(b"live")
+
+
+def test_tool_maps_skip_a_file_that_cannot_be_read_and_go_on(tmp_path, monkeypatch) -> None:
+    from ds4agent.sessions.kvfile import KVFileError
+
+    st = SessionStore(tmp_path / "s")
+    texts = sorted((USER + b"m%d" % k for k in range(3)), key=sha)
+    for t in texts:
+        st.save(FakeSession(t), "agent-session", tool_map={"id": t})
+    real = store_module.KVReader
+
+    def reader(path, *a, **k):
+        if Path(path).stem == sha(texts[0]):
+            raise KVFileError(f"{path}: damaged")
+        return real(path, *a, **k)
+
+    monkeypatch.setattr(store_module, "KVReader", reader)
+    assert list(st.tool_maps()) == [({"id": t}, t.decode()) for t in texts[1:]]
