@@ -696,3 +696,61 @@ def test_tool_maps_skip_a_file_that_cannot_be_read_and_go_on(tmp_path, monkeypat
 
     monkeypatch.setattr(store_module, "KVReader", reader)
     assert list(st.tool_maps()) == [({"id": t}, t.decode()) for t in texts[1:]]
+
+
+# -- full files (demo engine): the payload's own token ids ----------------------------------------
+@pytest.fixture(scope="module")
+def engine(demo_path):
+    from ds4agent.engine import Engine
+
+    with Engine.open(demo_path, backend="cpu", ctx=4096) as e:
+        yield e
+
+
+def _rewrite_payload_token(path: Path, k: int, new_id: int) -> None:
+    """Replace token k of the payload's id list, keeping the file's checksum valid."""
+    import struct
+
+    from ds4agent.sessions.kvfile import PAYLOAD_HEADER, read_file
+
+    f = read_file(path)
+    payload = bytearray(f.payload)
+    struct.pack_into("<I", payload, PAYLOAD_HEADER.size + 4 * k, new_id)
+    h = f.header
+    path.write_bytes(KVFile(h, bytes(f.text), bytes(payload), dict(f.tool_map)).to_bytes())
+
+
+def test_load_refuses_a_payload_token_at_the_vocabulary_size(engine, tmp_path) -> None:
+    from helpers import convo_session
+
+    st = SessionStore(tmp_path / "s")
+    s = convo_session(engine, "count my tokens")
+    name = st.save(s, "cold")
+    # One id (the last) exactly at n_vocab: the first id outside the vocabulary.
+    _rewrite_payload_token(st.path(name), len(s.tokens) - 1, engine.info.config.n_vocab)
+    r = engine.session()
+    with pytest.raises(StoreError) as e:
+        st.load(name, r)
+    assert str(e.value) == f"{st.path(name)}: payload holds a token id outside the vocabulary (damaged); not loaded"
+    assert r.tokens == []
+
+
+def test_load_refuses_payload_tokens_spelling_another_text_of_the_same_length(engine, tmp_path) -> None:
+    from helpers import convo_session
+
+    st = SessionStore(tmp_path / "s")
+    s = convo_session(engine, "count my tokens")
+    name = st.save(s, "cold")
+    tok = engine.tokenizer
+    k = len(s.tokens) - 1
+    want = len(tok.decode_bytes([s.tokens[k]]))
+    other = next(t for t in range(engine.info.config.n_vocab)
+                 if t != s.tokens[k] and len(tok.decode_bytes([t])) == want
+                 and len(tok.decode_bytes(s.tokens[:k] + [t])) == len(tok.decode_bytes(s.tokens))
+                 and tok.decode_bytes(s.tokens[:k] + [t]) != tok.decode_bytes(s.tokens))
+    _rewrite_payload_token(st.path(name), k, other)
+    r = engine.session()
+    with pytest.raises(StoreError) as e:
+        st.load(name, r)
+    assert str(e.value) == f"{st.path(name)}: payload tokens do not match the saved text (corrupt); not loaded"
+    assert r.tokens == []
