@@ -754,3 +754,31 @@ def test_load_refuses_payload_tokens_spelling_another_text_of_the_same_length(en
         st.load(name, r)
     assert str(e.value) == f"{st.path(name)}: payload tokens do not match the saved text (corrupt); not loaded"
     assert r.tokens == []
+
+
+def test_payload_tokens_of_another_length_are_refused_before_the_file_is_read(engine, tmp_path) -> None:
+    # The ids are patched in place (the checksum is now wrong too): the length check on the
+    # ids comes first, before the whole file (and its checksum) is read.
+    import struct
+
+    from helpers import convo_session
+
+    from ds4agent.sessions.kvfile import PAYLOAD_HEADER
+
+    st = SessionStore(tmp_path / "s")
+    s = convo_session(engine, "count my tokens")
+    name = st.save(s, "cold")
+    tok = engine.tokenizer
+    k = len(s.tokens) - 1
+    other = next(t for t in range(engine.info.config.n_vocab)
+                 if len(tok.decode_bytes(s.tokens[:k] + [t])) != len(tok.decode_bytes(s.tokens)))
+    p = st.path(name)
+    h, _ = read_header(p, with_text=False)
+    with open(p, "r+b") as f:
+        f.seek(h.payload_offset + PAYLOAD_HEADER.size + 4 * k)
+        f.write(struct.pack("<I", other))
+    r = engine.session()
+    with pytest.raises(StoreError) as e:
+        st.load(name, r)
+    assert str(e.value) == f"{p}: payload tokens do not match the saved text (corrupt); not loaded"
+    assert r.tokens == []
