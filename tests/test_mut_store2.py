@@ -720,27 +720,33 @@ def _rewrite_payload_token(path: Path, k: int, new_id: int) -> None:
     path.write_bytes(KVFile(h, bytes(f.text), bytes(payload), dict(f.tool_map)).to_bytes())
 
 
-def test_load_refuses_a_payload_token_at_the_vocabulary_size(engine, tmp_path) -> None:
+def _saved_conversation(engine, tmp_path):
+    """A store holding one saved conversation: (store, session, name)."""
     from helpers import convo_session
 
     st = SessionStore(tmp_path / "s")
     s = convo_session(engine, "count my tokens")
-    name = st.save(s, "cold")
-    # One id (the last) exactly at n_vocab: the first id outside the vocabulary.
-    _rewrite_payload_token(st.path(name), len(s.tokens) - 1, engine.info.config.n_vocab)
+    return st, s, st.save(s, "cold")
+
+
+def _assert_refused(engine, st: SessionStore, name: str, why: str) -> None:
+    """Loading ``name`` fails with exactly this one-line reason and leaves the session empty."""
     r = engine.session()
     with pytest.raises(StoreError) as e:
         st.load(name, r)
-    assert str(e.value) == f"{st.path(name)}: payload holds a token id outside the vocabulary (damaged); not loaded"
+    assert str(e.value) == f"{st.path(name)}: {why}; not loaded"
     assert r.tokens == []
 
 
-def test_load_refuses_payload_tokens_spelling_another_text_of_the_same_length(engine, tmp_path) -> None:
-    from helpers import convo_session
+def test_load_refuses_a_payload_token_at_the_vocabulary_size(engine, tmp_path) -> None:
+    st, s, name = _saved_conversation(engine, tmp_path)
+    # One id (the last) exactly at n_vocab: the first id outside the vocabulary.
+    _rewrite_payload_token(st.path(name), len(s.tokens) - 1, engine.info.config.n_vocab)
+    _assert_refused(engine, st, name, "payload holds a token id outside the vocabulary (damaged)")
 
-    st = SessionStore(tmp_path / "s")
-    s = convo_session(engine, "count my tokens")
-    name = st.save(s, "cold")
+
+def test_load_refuses_payload_tokens_spelling_another_text_of_the_same_length(engine, tmp_path) -> None:
+    st, s, name = _saved_conversation(engine, tmp_path)
     tok = engine.tokenizer
     k = len(s.tokens) - 1
     want = len(tok.decode_bytes([s.tokens[k]]))
@@ -749,11 +755,7 @@ def test_load_refuses_payload_tokens_spelling_another_text_of_the_same_length(en
                  and len(tok.decode_bytes(s.tokens[:k] + [t])) == len(tok.decode_bytes(s.tokens))
                  and tok.decode_bytes(s.tokens[:k] + [t]) != tok.decode_bytes(s.tokens))
     _rewrite_payload_token(st.path(name), k, other)
-    r = engine.session()
-    with pytest.raises(StoreError) as e:
-        st.load(name, r)
-    assert str(e.value) == f"{st.path(name)}: payload tokens do not match the saved text (corrupt); not loaded"
-    assert r.tokens == []
+    _assert_refused(engine, st, name, "payload tokens do not match the saved text (corrupt)")
 
 
 def test_payload_tokens_of_another_length_are_refused_before_the_file_is_read(engine, tmp_path) -> None:
@@ -761,13 +763,9 @@ def test_payload_tokens_of_another_length_are_refused_before_the_file_is_read(en
     # ids comes first, before the whole file (and its checksum) is read.
     import struct
 
-    from helpers import convo_session
-
     from ds4agent.sessions.kvfile import PAYLOAD_HEADER
 
-    st = SessionStore(tmp_path / "s")
-    s = convo_session(engine, "count my tokens")
-    name = st.save(s, "cold")
+    st, s, name = _saved_conversation(engine, tmp_path)
     tok = engine.tokenizer
     k = len(s.tokens) - 1
     other = next(t for t in range(engine.info.config.n_vocab)
@@ -777,8 +775,4 @@ def test_payload_tokens_of_another_length_are_refused_before_the_file_is_read(en
     with open(p, "r+b") as f:
         f.seek(h.payload_offset + PAYLOAD_HEADER.size + 4 * k)
         f.write(struct.pack("<I", other))
-    r = engine.session()
-    with pytest.raises(StoreError) as e:
-        st.load(name, r)
-    assert str(e.value) == f"{p}: payload tokens do not match the saved text (corrupt); not loaded"
-    assert r.tokens == []
+    _assert_refused(engine, st, name, "payload tokens do not match the saved text (corrupt)")
