@@ -1,0 +1,521 @@
+"""Exact verdicts of the approval policy (policy.py), the shell parser (shellparse.py) and the
+command classifier (classify.py): the mutation survivors of issue 22, each pinned by a concrete
+command or call and the exact request, reason, scope or parse it must give.
+
+Nothing here runs a real command: the shell tool is a recorder."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import ds4agent.tools.classify as classify
+import ds4agent.tools.policy as policy_mod
+from ds4agent.tools import Policy, Tool, ToolResult, Workspace, all_tools, run_tool
+from ds4agent.tools import sandbox as sb
+from ds4agent.tools.base import ToolError
+from ds4agent.tools.classify import DANGEROUS, ORDINARY, SAFE, UNKNOWN, analyze
+from ds4agent.tools.policy import Request, dangerous, loose_arguments
+
+TOOLS = all_tools()
+CALLS: list[tuple[dict, object]] = []  # (args, sandbox) of every recorded shell run
+LANDLOCK = sb.Backend("landlock", "test landlock")
+
+
+def _record(ws, args, sandbox=None):
+    CALLS.append((dict(args), sandbox))
+    return ToolResult("recorded", "recorded")
+
+
+BASH = Tool("bash", "runs a command", TOOLS["bash"].parameters, _record, kind="shell")
+
+
+@pytest.fixture(autouse=True)
+def _no_temp_dirs(monkeypatch):
+    # The workspace lives in the temporary directory: here it counts as outside (as in
+    # test_shell_policy), so that paths next to the workspace are outside it.
+    monkeypatch.setattr(classify, "temp_dirs", lambda: ())
+    monkeypatch.setattr(policy_mod, "temp_dirs", lambda: ())
+    CALLS.clear()
+
+
+@pytest.fixture()
+def ws(tmp_path: Path) -> Workspace:
+    root = tmp_path / "repo"
+    (root / "src").mkdir(parents=True)
+    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+    (root / "src" / "app.py").write_text("def main():\n    return 1\n")
+    (tmp_path / "outside" / "sub").mkdir(parents=True)
+    (tmp_path / "outside" / "key").write_text("private")
+    return Workspace(root)
+
+
+def _pol(mode: str = "ask", backend: sb.Backend | None = LANDLOCK, **kw) -> Policy:
+    p = Policy(mode, **kw)
+    p.backend, p._detected = backend, True  # no probing of this machine: the sandbox is chosen here
+    return p
+
+
+def _where(ws: Workspace, pol: Policy) -> tuple[str, str]:
+    return (f"in {ws.root}", f"sandbox: {pol.describe()}")
+
+
+# -- policy.py: modes and the sandbox ------------------------------------------------------------
+
+def test_modes_are_checked_with_exact_messages() -> None:
+    for mode in ("ask", "auto-edit", "yolo"):
+        assert Policy(mode).mode == mode
+    for s in ("read-only", "workspace-write", "full-access"):
+        assert Policy(sandbox=s).sandbox == s
+    with pytest.raises(ValueError) as e:
+        Policy("bogus")
+    assert str(e.value) == "approval mode must be one of ask, auto-edit, yolo, got 'bogus'"
+    with pytest.raises(ValueError) as e:
+        Policy("ask", sandbox="none")
+    assert str(e.value) == "sandbox mode must be one of read-only, workspace-write, full-access, got 'none'"
+
+
+def test_a_given_backend_is_used_without_probing(monkeypatch) -> None:
+    calls = []
+    monkeypatch.setattr(sb, "detect", lambda: calls.append(1) or LANDLOCK)
+    given = sb.Backend("bubblewrap", "given")
+    assert Policy("ask", backend=given).mechanism() is given and calls == []
+    p = Policy("ask")
+    assert p.mechanism() is LANDLOCK and p.mechanism() is LANDLOCK and calls == [1]  # probed once
+
+
+def test_sandbox_mode_confined_describe_and_startup_note() -> None:
+    assert Policy("ask").sandbox_mode == "workspace-write"
+    assert Policy("auto-edit").sandbox_mode == "workspace-write"
+    assert Policy("yolo").sandbox_mode == "full-access"
+    assert Policy("yolo", sandbox="read-only").sandbox_mode == "read-only"
+    assert Policy("ask", sandbox="full-access").sandbox_mode == "full-access"
+
+    assert _pol("ask").confined() is True
+    assert _pol("yolo").confined() is False
+    assert _pol("ask", backend=None).confined() is False
+
+    assert _pol("yolo").describe() == "full access" and _pol("yolo").describe(detail=True) == "full access"
+    assert _pol("ask", backend=None).describe() == "workspace-write: no OS sandbox here"
+    assert _pol("ask").describe() == "workspace-write"
+    assert _pol("ask").describe(detail=True) == "workspace-write (test landlock)"
+    assert _pol("ask", network=False).describe() == "workspace-write, no network"
+    assert _pol("ask", sandbox="read-only", network=False).describe(detail=True) == "read-only, no network (test landlock)"
+
+    assert _pol("ask").startup_note() is None
+    assert _pol("yolo", backend=None).startup_note() is None
+    assert _pol("ask", backend=None).startup_note() == (
+        "no OS sandbox is available here (Landlock, bubblewrap or sandbox-exec): shell commands run unconfined, "
+        "so every one needs an approval in auto-edit")
+
+
+def test_confinement_of_each_mode(ws, tmp_path, monkeypatch) -> None:
+    root = os.path.realpath(ws.root)
+    assert _pol("yolo").confinement(ws, None) is None
+    assert _pol("ask", backend=None).confinement(ws, None) is None
+    assert _pol("ask", sandbox="read-only", network=False).confinement(ws, None) == sb.Confinement(
+        "read-only", (), (), False)
+    # Temporary directories are writable unless below the workspace (already writable); the
+    # extra --allow-write directories by their real path; the workspace's .git stays protected.
+    tmp1 = tmp_path / "t1"
+    tmp1.mkdir()
+    monkeypatch.setattr(policy_mod, "temp_dirs", lambda: (tmp1, ws.root / "src"))
+    (tmp_path / "real").mkdir()
+    os.symlink(tmp_path / "real", tmp_path / "alias")
+    pol = _pol("ask", writable=(str(tmp_path / "alias"), root))
+    assert pol.confinement(ws, None) == sb.Confinement(
+        "workspace-write", (root, str(tmp1), os.path.realpath(tmp_path / "real")), (os.path.join(root, ".git"),), True)
+    # Without a .git there is nothing to protect, except under seatbelt (it protects the name).
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    bws = Workspace(bare)
+    broot = os.path.realpath(bare)
+    src = os.path.realpath(ws.root / "src")  # not below this workspace: listed
+    assert _pol("ask").confinement(bws, None) == sb.Confinement("workspace-write", (broot, str(tmp1), src), (), True)
+    seat = _pol("ask", backend=sb.Backend("seatbelt", "s"))
+    assert seat.confinement(bws, None).protected == (os.path.join(broot, ".git"),)
+
+
+def test_confinement_of_git_only_commands_opens_a_git_dir_outside_the_tree(ws, tmp_path) -> None:
+    # A repository whose git directory lives elsewhere (as for a worktree): a git-only command
+    # may write it; any other command runs with the .git pointer protected instead.
+    tree, gd = tmp_path / "tree", tmp_path / "gitdir"
+    tree.mkdir()
+    subprocess.run(["git", "init", "-q", "--separate-git-dir", str(gd), str(tree)], check=True)
+    tws = Workspace(tree)
+    troot, rgd = os.path.realpath(tree), os.path.realpath(gd)
+    pol = _pol("ask")
+    git = pol.confinement(tws, analyze("git add . && git commit -m x", tree))
+    assert git == sb.Confinement("workspace-write", (troot, rgd), (), True)
+    other = pol.confinement(tws, analyze("make", tree))
+    assert other == sb.Confinement("workspace-write", (troot,), (os.path.join(troot, ".git"),), True)
+    # The repository's own .git below the workspace is already writable: not listed twice.
+    assert pol.confinement(ws, analyze("git commit -m x", ws.root)).writable == (os.path.realpath(ws.root),)
+    assert policy_mod._git_dirs(troot) == [rgd]
+    assert policy_mod._git_dirs(str(tmp_path / "outside")) == []  # not a repository
+
+
+def test_analysis_is_cached_for_the_same_command_and_workspace(ws, tmp_path) -> None:
+    pol = _pol("ask")
+    a = pol.analyze("ls -la", ws)
+    assert pol.analyze("ls -la", ws) is a
+    b = pol.analyze("ls", ws)
+    assert b is not a and b.command == "ls"
+    other = Workspace(tmp_path / "outside")
+    c = pol.analyze("ls", other)
+    assert c is not b and c.command == "ls"
+
+
+# -- policy.py: what needs approval ----------------------------------------------------------------
+
+def test_dangerous_gives_every_dangerous_reason(ws, monkeypatch) -> None:
+    assert dangerous("rm -rf a; git push -f", ws.root) == "recursive delete; forced delete; force-push or remote delete"
+    assert dangerous("ls -la", ws.root) is None
+    assert dangerous("pytest", ws.root) is None  # ordinary is not dangerous
+    assert dangerous("$X -rf", ws.root) is None  # unknown is not dangerous either
+    # Without a root, the current directory is the workspace.
+    target = ws.root / "notes.txt"
+    assert dangerous(f"echo hi > {target}", ws.root) is None
+    monkeypatch.chdir(ws.root / "src")
+    assert dangerous(f"echo hi > {target}") == f"writes outside the workspace ({target})"
+
+
+def test_a_path_outside_the_workspace_asks_with_its_scope(ws, tmp_path) -> None:
+    read, write = TOOLS["read"], TOOLS["write"]
+    out = tmp_path / "outside"
+    key = str(out / "key")
+    req = _pol("ask").request(read, {"path": key}, ws)
+    assert req == Request("read", f"read {key}", "path is outside the workspace", "escape",
+                          scope=f"reads of files under {out}", grants=(("read", str(out)),),
+                          details=(f"{key} resolves to {key}",))
+    # A directory that is read: the grant is the directory itself; a write: its parent.
+    req = _pol("auto-edit").request(TOOLS["list"], {"path": str(out / "sub")}, ws)
+    assert req.grants == (("read", str(out / "sub")),) and req.scope == f"reads of files under {out / 'sub'}"
+    req = _pol("auto-edit").request(write, {"path": str(out / "sub"), "content": "x"}, ws)
+    assert req.kind == "escape" and req.grants == (("write", str(out)),)
+    assert req.scope == f"writes of files under {out}" and req.reason == "path is outside the workspace"
+    # yolo asks nothing; a grant covers the directory and below it, for its own verb only.
+    assert _pol("yolo").request(read, {"path": key}, ws) is None
+    assert _pol("ask", always={("read", str(tmp_path))}).request(read, {"path": key}, ws) is None
+    assert _pol("ask", always={("read", str(out / "sub"))}).request(read, {"path": key}, ws) is not None
+    assert _pol("ask", always={("write", str(tmp_path))}).request(read, {"path": key}, ws) is not None
+    assert _pol("ask", always={("read", str(tmp_path), "x")}).request(read, {"path": key}, ws) is not None
+    assert _pol("ask", always={("read", str(tmp_path) + "/out")}).request(read, {"path": key}, ws) is not None
+
+
+def test_a_symlink_and_a_git_dir(ws, tmp_path) -> None:
+    os.symlink(tmp_path / "outside", ws.root / "link")
+    req = _pol("ask").request(TOOLS["read"], {"path": "link/key"}, ws)
+    real = tmp_path / "outside" / "key"
+    assert (req.kind, req.reason, req.details) == ("escape", "path is a symlink that leads outside the workspace",
+                                                   (f"link/key resolves to {real}",))
+    assert req.grants == (("read", str(tmp_path / "outside")),)
+    # Reading inside .git runs; writing there asks, whatever "always" was given for edits.
+    assert _pol("ask").request(TOOLS["read"], {"path": ".git/HEAD"}, ws) is None
+    req = _pol("auto-edit", always={("edit",)}).request(TOOLS["write"], {"path": ".git/HEAD", "content": "x"}, ws)
+    assert (req.kind, req.reason) == ("escape", "path is inside .git")
+    assert req.grants == (("write", str(ws.root / ".git")),)
+
+
+def test_edits_inside_the_workspace(ws) -> None:
+    write = TOOLS["write"]
+    args = {"path": "a.txt", "content": "x"}
+    edit = Request("write", "write a.txt", "changes a file", "edit", scope="file edits inside the workspace",
+                   grants=(("edit",),))
+    assert _pol("ask").request(write, args, ws) == edit
+    assert _pol("ask", backend=None).request(write, args, ws) == edit
+    assert _pol("auto-edit").request(write, args, ws) is None
+    assert _pol("auto-edit", backend=None).request(write, args, ws) is None  # edits are not shell commands
+    assert _pol("auto-edit", sandbox="read-only").request(write, args, ws) == Request(
+        "write", "write a.txt", "changes a file, and the sandbox is read-only", "edit",
+        scope="file edits inside the workspace", grants=(("edit",),))
+    assert _pol("ask", always={("edit",)}).request(write, args, ws) is None
+    assert _pol("yolo").request(write, args, ws) is None
+    assert _pol("ask").request(TOOLS["read"], {"path": "src/app.py"}, ws) is None
+    assert _pol("ask").request(TOOLS["read"], {"path": "  "}, ws) is None  # no path: nothing to check here
+
+
+def test_mcp_tools_ask_outside_yolo(ws) -> None:
+    t = Tool("mcp__files__delete", "d", {"type": "object"}, _record, kind="mcp", strict=False)
+    want = Request("mcp__files__delete", "mcp__files__delete", "calls a tool of the MCP server 'files'", "mcp",
+                   scope="calls to the MCP tool mcp__files__delete", grants=(("mcp", "mcp__files__delete"),))
+    assert _pol("ask").request(t, {}, ws) == want
+    assert _pol("auto-edit").request(t, {}, ws) == want
+    assert _pol("yolo").request(t, {}, ws) is None
+    assert _pol("ask", always={("mcp", "mcp__files__delete")}).request(t, {}, ws) is None
+    assert _pol("ask", always={("mcp", "mcp__files__other")}).request(t, {}, ws) == want
+    odd = Tool("mcp__x", "d", {"type": "object"}, _record, kind="mcp", strict=False)
+    assert _pol("ask").request(odd, {}, ws).reason == "calls a tool of the MCP server '?'"
+    deep = Tool("a__b__c__d", "d", {"type": "object"}, _record, kind="mcp", strict=False)
+    assert _pol("ask").request(deep, {}, ws).reason == "calls a tool of the MCP server 'b'"
+
+
+def test_shell_requests_exact(ws) -> None:
+    pol = _pol("ask")
+    where = _where(ws, pol)
+    assert where == (f"in {ws.root}", "sandbox: workspace-write")
+    four = "rm -rf a; git push -f; git reset --hard; sudo ls"
+    assert pol.request(BASH, {"command": four}, ws) == Request(
+        "bash", f"$ {four}", "dangerous command (recursive delete; forced delete; force-push or remote delete)",
+        "dangerous", details=where)
+    assert _pol("yolo").request(BASH, {"command": "rm -r x"}, ws) == Request(
+        "bash", "$ rm -r x", "dangerous command (recursive delete)", "dangerous",
+        details=(f"in {ws.root}", "sandbox: full access"))
+    assert _pol("yolo").request(BASH, {"command": "$X; python -c 1"}, ws) is None
+    unknown = pol.request(BASH, {"command": "$X; $Y; $Z; $W"}, ws)
+    assert unknown.kind == "unknown" and unknown.scope is None and unknown.details == where
+    assert unknown.reason.startswith("cannot be checked before it runs (") and unknown.reason.count(";") <= 2
+    assert pol.request(BASH, {"command": "pytest a; pytest b && npm test"}, ws) == Request(
+        "bash", "$ pytest a; pytest b && npm test", "runs a shell command", "shell",
+        scope="commands starting with `pytest`, `npm test`", grants=(("shell", "pytest"), ("shell", "npm", "test")),
+        details=where)
+    # A name that needs quoting is shown quoted in the scope.
+    assert pol.request(BASH, {"command": "'./my tool' -v"}, ws).scope == "commands starting with `'./my tool'`"
+    # Inert parts need nothing of their own next to a real program; alone they are still asked in ask.
+    assert pol.request(BASH, {"command": "cd src && pytest"}, ws).grants == (("shell", "pytest"),)
+    assert pol.request(BASH, {"command": "echo hi"}, ws).grants == (("shell", "echo"),)
+    assert pol.request(BASH, {"command": "command"}, ws) is not None
+
+
+def test_auto_edit_runs_safe_parts_only_when_confined(ws) -> None:
+    auto = _pol("auto-edit")
+    assert auto.request(BASH, {"command": "ls -la"}, ws) is None
+    assert auto.request(BASH, {"command": "echo hi"}, ws) is None
+    assert auto.request(BASH, {"command": "ls && pytest"}, ws).grants == (("shell", "pytest"),)
+    assert _pol("ask").request(BASH, {"command": "ls && pytest"}, ws).grants == (("shell", "ls"), ("shell", "pytest"))
+    bare = _pol("auto-edit", backend=None)
+    req = bare.request(BASH, {"command": "ls"}, ws)
+    assert (req.reason, req.scope) == ("runs a shell command (no sandbox: every command needs an approval)",
+                                       "commands starting with `ls`")
+    req = bare.request(BASH, {"command": "cat /etc/hosts"}, ws)
+    assert req.reason == ("runs a shell command (names a path outside the workspace (/etc/hosts); "
+                          "no sandbox: every command needs an approval)")
+    assert req.scope is None and req.grants == ()
+    # The same reason from two steps is said once.
+    req = _pol("ask").request(BASH, {"command": "cat /etc/hosts; cat /etc/hosts"}, ws)
+    assert req.reason == "runs a shell command (names a path outside the workspace (/etc/hosts))"
+    # "yolo" with a sandbox chosen is confined but asks nothing for ordinary commands.
+    assert _pol("yolo", sandbox="workspace-write").request(BASH, {"command": "pytest"}, ws) is None
+
+
+def test_always_rules_cover_by_prefix(ws) -> None:
+    pol = _pol("ask", always={("shell", "npm", "test"), ("shell", "pytest"), ("edit",)})
+    assert pol.request(BASH, {"command": "pytest -x"}, ws) is None
+    assert pol.request(BASH, {"command": "npm test -- --ci"}, ws) is None
+    assert pol.request(BASH, {"command": "npm"}, ws).grants == (("shell", "npm"),)  # shorter than the rule
+    assert pol.request(BASH, {"command": "npm run test"}, ws).grants == (("shell", "npm", "run", "test"),)
+    # A rule covers only a coverable step: the same program naming a path outside still asks.
+    assert _pol("ask", always={("shell", "cat")}).request(BASH, {"command": "cat /etc/hosts"}, ws) is not None
+    assert _pol("ask", always={("shell", "cat")}).request(BASH, {"command": "cat src/app.py"}, ws) is None
+    assert policy_mod._covers(("npm", "test"), ["npm", "test", "x"]) is True
+    assert policy_mod._covers(("npm", "test"), ["npm"]) is False
+    assert policy_mod._covers(("npm", "test"), ["npm", None]) is False
+    assert policy_mod._covers(("npm",), ["npx"]) is False
+    assert policy_mod._covers((), ["anything"]) is True
+
+
+def test_grant_and_rules(ws) -> None:
+    pol = _pol("ask")
+    for kind in ("dangerous", "unknown", "unsandboxed"):
+        pol.grant(Request("bash", "s", "r", kind, scope="x", grants=(("shell", "rm"),)))
+    pol.grant(Request("bash", "s", "r", "shell", scope=None, grants=(("shell", "ls"),)))
+    assert pol.always == set()
+    pol.grant(Request("bash", "s", "r", "shell", scope="x", grants=(("shell", "git", "commit"), ("shell", "a b"))))
+    pol.grant(Request("x", "s", "r", "edit", scope="e", grants=(("edit",),)))
+    pol.grant(Request("x", "s", "r", "mcp", scope="m", grants=(("mcp", "mcp__s__t"),)))
+    pol.grant(Request("x", "s", "r", "escape", scope="r", grants=(("read", "/x"), ("write", "/y"))))
+    assert pol.rules() == ["file edits inside the workspace", "MCP tool mcp__s__t", "reads under /x",
+                           "shell: 'a b'", "shell: git commit", "writes under /y"]
+
+
+def test_paths_under_a_root() -> None:
+    u = policy_mod._under
+    assert u("/a/b", "/a") and u("/a", "/a") and u("/a/b", "/a/")
+    assert not u("/ab", "/a") and not u("/", "/a")
+    g = policy_mod._granted
+    assert g(("read", "/a"), ("read", "/a/b")) and not g(("write", "/a"), ("read", "/a/b"))
+    assert not g(("read",), ("read", "/a")) and not g(("read", "/a", "b"), ("read", "/a"))
+
+
+# -- policy.py: run_tool ---------------------------------------------------------------------------
+
+def test_run_tool_errors_before_anyone_is_asked(ws) -> None:
+    tools = {"bash": BASH, "b": BASH}
+    r, d = run_tool(tools, "nuke", {}, ws, _pol("yolo"), None)
+    assert (r.text, r.summary, r.ok, d) == ("error: unknown tool 'nuke'; available: b, bash", "unknown tool nuke",
+                                            False, "error")
+    r, d = run_tool(tools, "bash", "{not json", ws, _pol("yolo"), None)
+    assert (r.text, r.summary, r.ok, d) == (
+        "error: arguments are not valid JSON (Expecting property name enclosed in double quotes: line 1 column 2 "
+        "(char 1))", "bash: bad arguments", False, "error")
+    r, d = run_tool(tools, "bash", "[" * 200_000, ws, _pol("yolo"), None)
+    assert (r.text, d) == ("error: arguments are not valid JSON (nested too deeply)", "error")
+    r, d = run_tool(tools, "bash", '"' + "x" * 300, ws, _pol("yolo"), None)
+    assert r.text.startswith("error: arguments are not valid JSON (Unterminated string")
+    r, d = run_tool(tools, "bash", {"nope": 1}, ws, _pol("yolo"), None)
+    assert (r.text, r.summary, d) == ("error: unknown parameter 'nope' for bash; it takes: command, timeout, background",
+                                      "bash: unknown parameter 'nope' for bash; it takes: command, timeout, background",
+                                      "error")
+    assert CALLS == []
+
+
+def test_run_tool_decisions(ws) -> None:
+    tools = {"bash": BASH}
+    asked: list[Request] = []
+
+    def answer(a):
+        return lambda req: asked.append(req) or a
+
+    r, d = run_tool(tools, "bash", {"command": "pytest"}, ws, _pol("ask"), None)
+    assert (r.text, r.summary, r.ok, d) == (
+        "error: not run: runs a shell command; no one can approve it in this mode. Choose another way or ask the user.",
+        "refused: $ pytest (runs a shell command)", False, "refused")
+    r, d = run_tool(tools, "bash", {"command": "pytest"}, ws, _pol("ask"), answer("no"))
+    assert r.text == "error: not run: runs a shell command; the user declined. Choose another way or ask the user."
+    assert d == "refused" and CALLS == []
+    assert asked[-1].preview == ""  # a shell command has no preview
+    pol = _pol("ask")
+    r, d = run_tool(tools, "bash", '{"command": "pytest"}', ws, pol, answer("yes"))
+    assert (r.text, d, pol.always) == ("recorded", "approved", set())
+    r, d = run_tool(tools, "bash", {"command": "pytest"}, ws, pol, answer("always"))
+    assert (d, pol.always) == ("always", {("shell", "pytest")})
+    r, d = run_tool(tools, "bash", {"command": "pytest -q"}, ws, pol, answer("no"))
+    assert d == "auto"  # covered now: not asked
+    r, d = run_tool(tools, "bash", {"command": "cat /etc/hosts"}, ws, pol, answer("always"))
+    assert d == "approved" and pol.always == {("shell", "pytest")}  # nothing to remember: no scope
+    r, d = run_tool(tools, "bash", {"command": "rm -rf x"}, ws, _pol("yolo"), answer("maybe"))
+    assert d == "refused" and r.text.startswith("error: not run: dangerous command (recursive delete; forced delete)")
+
+
+def _tool(run, kind="read", preview=None, strict=True, name="t") -> Tool:
+    params = {"type": "object", "properties": {"path": {"type": "string"}, "n": {"type": "integer"}}}
+    return Tool(name, "d", params, run, kind=kind, preview=preview, strict=strict)
+
+
+def test_run_tool_faults_of_a_tool(ws) -> None:
+    def raiser(e):
+        def run(ws, args):
+            raise e
+        return run
+
+    pol = _pol("yolo")
+    r, d = run_tool({"t": _tool(raiser(ToolError("no such file")))}, "t", {"path": "x"}, ws, pol, None)
+    assert (r.text, r.summary, r.ok, d) == ("error: no such file", "t: no such file", False, "auto")
+    r, d = run_tool({"t": _tool(raiser(PermissionError(13, "Permission denied")))}, "t", {}, ws, pol, None)
+    assert (r.text, d) == ("error: Permission denied", "auto")
+    r, d = run_tool({"t": _tool(raiser(OSError("plain")))}, "t", {}, ws, pol, None)
+    assert r.text == "error: plain"
+    r, d = run_tool({"t": _tool(raiser(ValueError("boom")))}, "t", {}, ws, pol, None)
+    assert (r.text, r.summary, r.ok, d) == (
+        "error: the t tool failed unexpectedly (ValueError: boom). This is a fault in ds4agent, not in your call; "
+        "try another way.", "t: internal error (ValueError)", False, "auto")
+    r, d = run_tool({"t": _tool(raiser(ValueError("b" * 400)))}, "t", {}, ws, pol, None)
+    assert r.text == ("error: the t tool failed unexpectedly (ValueError: " + "b" * 288 + "). This is a fault in "
+                      "ds4agent, not in your call; try another way.")
+    # A fault while working out the request is reported the same way, nothing is run.
+    bad = _tool(raiser(AssertionError()), kind="edit", preview=lambda ws, a: 1 / 0)
+    r, d = run_tool({"t": bad}, "t", {"path": "a"}, ws, _pol("ask"), lambda req: "yes")
+    assert (r.summary, d) == ("t: internal error (ZeroDivisionError)", "error")
+    bad = _tool(raiser(AssertionError()), kind="edit", preview=lambda ws, a: (_ for _ in ()).throw(ToolError("gone")))
+    r, d = run_tool({"t": bad}, "t", {"path": "a"}, ws, _pol("ask"), lambda req: "yes")
+    assert (r.text, r.summary, d) == ("error: gone", "t: gone", "error")
+    # Undecodable names from the OS reach the transcript as U+FFFD (one per byte of the
+    # surrogate's 3-byte encoding, none of which starts valid UTF-8); ok is kept.
+    odd, fixed = "a\udcff", "a" + "\ufffd" * 3
+    r, d = run_tool({"t": _tool(lambda ws, a: ToolResult(odd, odd, False, odd, output=odd))}, "t", {}, ws, pol, None)
+    assert (r.text, r.summary, r.ok, r.detail, r.output) == (fixed, fixed, False, fixed, fixed)
+
+
+def test_run_tool_refuses_a_change_that_moved_while_asking(ws) -> None:
+    views = iter(["diff 1", "diff 2"])
+    seen: list[str] = []
+    t = _tool(lambda ws, a: ToolResult("done", "done"), kind="edit", preview=lambda ws, a: next(views))
+    r, d = run_tool({"t": t}, "t", {"path": "a.txt"}, ws, _pol("ask"), lambda req: seen.append(req.preview) or "yes")
+    assert seen == ["diff 1"] and d == "error" and r.text == (
+        "error: the file changed while the user was being asked, so the approved change is not the one that would "
+        "be made; not run. Read the file again.")
+    same = _tool(lambda ws, a: ToolResult("done", "done"), kind="edit", preview=lambda ws, a: "diff")
+    r, d = run_tool({"t": same}, "t", {"path": "a.txt"}, ws, _pol("ask"), lambda req: "yes")
+    assert (r.text, d) == ("done", "approved")
+    # With no one to ask, the preview is not even worked out.
+    r, d = run_tool({"t": _tool(None, kind="edit", preview=lambda ws, a: 1 / 0)}, "t", {"path": "a"}, ws, _pol("ask"),
+                    None)
+    assert d == "refused"
+
+
+def test_mcp_arguments_are_previewed_and_loosely_checked(ws) -> None:
+    seen: list[str] = []
+    t = Tool("mcp__s__t", "d", {"type": "object"}, lambda ws, a: ToolResult(json.dumps(a), "ok"), kind="mcp",
+             strict=False)
+    r, d = run_tool({"mcp__s__t": t}, "mcp__s__t", {"q": "é", "n": None, "k": [1]}, ws, _pol("ask"),
+                    lambda req: seen.append(req.preview) or "yes")
+    assert seen == ['{\n  "q": "é",\n  "k": [\n    1\n  ]\n}'] and d == "approved"
+    assert json.loads(r.text) == {"q": "é", "k": [1]}  # None dropped
+    seen.clear()
+    run_tool({"mcp__s__t": t}, "mcp__s__t", {"q": "x" * 5000}, ws, _pol("ask"), lambda req: seen.append(req.preview) or "no")
+    text = json.dumps({"q": "x" * 5000}, indent=2)
+    assert seen == [text[:4000] + f"\n… ({len(text)} characters in all)"]
+    exact = {"q": "x" * (4000 - len(json.dumps({"q": ""}, indent=2)))}
+    seen.clear()
+    run_tool({"mcp__s__t": t}, "mcp__s__t", exact, ws, _pol("ask"), lambda req: seen.append(req.preview) or "no")
+    assert seen == [json.dumps(exact, indent=2)] and len(seen[0]) == 4000
+
+    with pytest.raises(ToolError) as e:
+        loose_arguments([1])
+    assert str(e.value) == "arguments must be a JSON object, got list"
+    cases = {
+        "argument 'k' contains a NUL byte (\\0)": {"k": "a\0"},
+        "argument 'k'.sub contains a NUL byte (\\0)": {"k": {"sub": "\0"}},
+        "argument 'k'[1] contains a NUL byte (\\0)": {"k": ["ok", "\0"]},
+        "argument 'k'[0].x contains a NUL byte (\\0)": {"k": [{"x": "\0"}]},
+        "argument 'k' contains a NUL byte (\\0) ": {"k": {"\0": 1}},
+        "argument 'a\\x00' contains a NUL byte (\\0)": {"a\0": 1},
+        "argument 'k' contains a lone surrogate (\\ud800-\\udfff), which is not text": {"k": {1: "\ud800"}},
+    }
+    for want, args in cases.items():
+        with pytest.raises(ToolError) as e:
+            loose_arguments(args)
+        assert str(e.value) == want.strip(), args
+    assert loose_arguments({"a": 1, "b": None, "c": {"d": None}}) == {"a": 1, "c": {"d": None}}
+
+
+def test_shell_runs_in_the_sandbox_and_may_run_once_outside(ws) -> None:
+    tools = {"bash": BASH}
+    pol = _pol("ask", always={("shell", "pytest")})
+    r, d = run_tool(tools, "bash", {"command": "pytest"}, ws, pol, None)
+    assert d == "auto" and CALLS == [({"command": "pytest"}, (LANDLOCK, pol.confinement(ws, pol.analyze("pytest", ws))))]
+    assert CALLS[0][1][1].mode == "workspace-write"
+    CALLS.clear()
+    run_tool(tools, "bash", {"command": "pytest"}, ws, _pol("yolo"), None)
+    assert CALLS == [({"command": "pytest"}, None)]  # full access: no sandbox argument at all
+    CALLS.clear()
+    run_tool(tools, "bash", {"command": "   "}, ws, _pol("yolo", sandbox="workspace-write"), None)
+    assert CALLS == [({"command": "   "}, None)]
+
+    runs: list[object] = []
+
+    def blocked(ws, args, sandbox=None):
+        runs.append(sandbox)
+        return ToolResult("out", "s", blocked="" if sandbox is None else "write to /etc denied")
+
+    tb = {"bash": Tool("bash", "d", TOOLS["bash"].parameters, blocked, kind="shell")}
+    asked: list[Request] = []
+    pol = _pol("yolo", sandbox="workspace-write")
+    r, d = run_tool(tb, "bash", {"command": "make"}, ws, pol, lambda req: asked.append(req) or "yes")
+    assert asked == [Request("bash", "$ make", "the sandbox stopped it: write to /etc denied. Run it again outside the "
+                             "sandbox, this once", "unsandboxed", details=(f"in {ws.root}", "sandbox: none for this run"))]
+    assert r.text == "[run again outside the sandbox, with the user's approval]\nout" and len(runs) == 2
+    assert runs[1] is None and d == "auto" and pol.always == set()
+    runs.clear()
+    r, d = run_tool(tb, "bash", {"command": "make"}, ws, pol, lambda req: "always")
+    assert r.text.startswith("[run again outside") and len(runs) == 2 and pol.always == set()
+    runs.clear()
+    r, d = run_tool(tb, "bash", {"command": "make"}, ws, pol, lambda req: "no")
+    assert r.text == ("out\n[the sandbox stopped this command: write to /etc denied. Running it outside the sandbox "
+                      "needs the user's approval; the user declined.]") and len(runs) == 1
+    r, d = run_tool(tb, "bash", {"command": "make"}, ws, pol, None)
+    assert r.text.endswith("needs the user's approval; no one can approve that in this mode.]")
