@@ -79,6 +79,15 @@ def test_modes_are_checked_with_exact_messages() -> None:
     assert str(e.value) == "sandbox mode must be one of read-only, workspace-write, full-access, got 'none'"
 
 
+def test_defaults_of_a_policy_and_a_request() -> None:
+    p = Policy()
+    assert (p.mode, p.sandbox, p.network, p.writable, p.always) == ("ask", None, True, (), set())
+    # The machinery (backend, detection, the cached analysis) stays out of the repr.
+    assert repr(p) == "Policy(mode='ask', sandbox=None, network=True, writable=(), always=set())"
+    r = Request("t", "s", "r", "k")
+    assert (r.scope, r.grants, r.details, r.preview) == (None, (), (), "")
+
+
 def test_a_given_backend_is_used_without_probing(monkeypatch) -> None:
     calls = []
     monkeypatch.setattr(sb, "detect", lambda: calls.append(1) or LANDLOCK)
@@ -508,6 +517,7 @@ def test_shell_runs_in_the_sandbox_and_may_run_once_outside(ws) -> None:
     r, d = run_tool(tb, "bash", {"command": "make"}, ws, pol, lambda req: asked.append(req) or "yes")
     assert asked == [Request("bash", "$ make", "the sandbox stopped it: write to /etc denied. Run it again outside the "
                              "sandbox, this once", "unsandboxed", details=(f"in {ws.root}", "sandbox: none for this run"))]
+    assert asked[0].preview == ""  # nothing to preview: the question is about the sandbox
     assert r.text == "[run again outside the sandbox, with the user's approval]\nout" and len(runs) == 2
     assert runs[1] is None and d == "auto" and pol.always == set()
     runs.clear()
@@ -519,3 +529,199 @@ def test_shell_runs_in_the_sandbox_and_may_run_once_outside(ws) -> None:
                       "needs the user's approval; the user declined.]") and len(runs) == 1
     r, d = run_tool(tb, "bash", {"command": "make"}, ws, pol, None)
     assert r.text.endswith("needs the user's approval; no one can approve that in this mode.]")
+
+
+# -- shellparse.py ---------------------------------------------------------------------------------
+
+from ds4agent.tools import shellparse as sp  # noqa: E402
+from ds4agent.tools.shellparse import UNKNOWN_DIR, parse  # noqa: E402
+
+
+def _words(text: str) -> list[list[str | None]]:
+    return [[w.value for w in c.words] for c in parse(text).commands]
+
+
+def _hist(c) -> list[tuple[str, ...]]:
+    """A command's cd histories, each as the cd commands' words (or "?")."""
+    return sorted(tuple("?" if x == UNKNOWN_DIR else " ".join(str(w.value) for w in x.words) for x in h) for h in c.cwd)
+
+
+def _cmd(text: str, name: str):
+    return next(c for c in parse(text).commands if c.name == name)
+
+
+def test_ansi_c_strings_decode_like_bash() -> None:
+    a = sp._ansi_c
+    assert a(r"\x72\x6d") == "rm" and a(r"\162\155") == "rm"
+    assert a(r"\a\b\e\E\f\n\r\t\v\\\'\"\?") == "\a\b\x1b\x1b\f\n\r\t\v\\'\"?"
+    assert a(r"\0101") == "\x081"  # at most three octal digits
+    assert a(r"\777") == "\xff"  # bash keeps the low byte
+    assert a(r"\x4g") == "\x04g" and a(r"\x414") == "A4"  # at most two hex digits
+    assert a(r"\xg") == "\\xg" and a(r"\q") == "\\q"
+    assert a(r"\u00e9x") == "éx" and a(r"\u00e9ab") == "\u00e9ab" and a(r"\u12345") == "\u12345"
+    assert a(r"\U0001F600") == "\U0001F600" and a(r"\U001100000") == "\ufffd0"
+    assert a(r"\u") == "\\u" and a(r"\Uz") == "\\Uz"
+    assert a(r"\cA") == "\x01" and a(r"\ca") == "\x01" and a(r"\c") == "\\c"
+    assert a("ab\\") == "ab\\" and a("") == ""
+    assert _words("$'\\x72\\x6d' -rf $'a\\tb'") == [["rm", "-rf", "a\tb"]]
+
+
+def test_double_quotes_escape_only_five_characters() -> None:
+    assert sp._dquote(r"a\$b\`c\"d\\e\q") == 'a$b`c"d\\e\\q'
+    assert sp._dquote("a\\\nb") == "ab"
+    assert _words('echo "a\\$b" "x\\qy" $"rm"') == [["echo", "a$b", "x\\qy", "rm"]]
+
+
+def test_words_globs_braces_and_tildes(monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    c = parse("ls *.py 'a*' \"b\"? \\* {a,b} {x} a{1..3} }{a,b} '{a,b}' ~/x '~'/y ~ a~ ~\"q\"/z").commands[0]
+    assert [w.value for w in c.words] == ["ls", "*.py", "a*", "b?", "*", None, "{x}", None, None, "{a,b}",
+                                          f"{tmp_path}/x", "~/y", str(tmp_path), "a~", "~q/z"]
+    assert [w.glob for w in c.words] == [False, True, False, True, False, False, False, False, False, False,
+                                         False, False, False, False, False]
+    assert _words("ls ~nosuchuser-q9/z") == [["ls", None]]  # an unknown user: left unknown
+    w = parse("ls *$X").commands[0].words[1]
+    assert (w.value, w.glob, w.static) == (None, True, False)
+    assert parse("ls $X").commands[0].words[1].glob is False
+    assert parse("ls a*$X").commands[0].words[1].glob is True
+    assert sp._has_brace_expansion("{{a,b}}") and sp._has_brace_expansion("{a}{b..c}")
+    assert not sp._has_brace_expansion("{a}") and not sp._has_brace_expansion("a,b}") and not sp._has_brace_expansion("{a,b")
+    assert not sp._has_brace_expansion("}a,b{")
+
+
+def test_words_made_of_parts() -> None:
+    # A substitution's commands are listed before the command whose word holds them.
+    assert _words("r\\m 'r'\"m\"x r''m \"$X\" \"a$(echo b)\"") == [["echo", "b"], ["rm", "rmx", "rm", None, None]]
+    c = parse('echo "a$(rm x)" `ls`').commands
+    assert [x.name for x in c] == ["rm", "ls", "echo"]
+    echo = c[-1]
+    assert [x.source for x in echo.words[1].subst] == ["rm x"] and [x.source for x in echo.words[2].subst] == ["ls"]
+    w = parse("cat <(ls) >(wc)").commands[-1].words
+    assert [(x.value, x.procsub) for x in w] == [("cat", ""), (None, "<"), (None, ">")]
+    sh = _cmd("cat <(ls) >(wc)", "wc")
+    assert sh.stdin == "pipe" and _cmd("cat <(ls) >(wc)", "ls").stdin == ""
+    assert _words("echo $((1 + 2)) ${X:-$(id)}") == [["id"], ["echo", None, None]]
+
+
+def test_redirections_and_where_stdin_comes_from() -> None:
+    s = parse("cat < f; cat < <(ls); cat <&3; cat <&$X; cat <<< \"hi\"; grep x <<< $Y; wc 2< g; ls >&2; ls >&f; ls >&$X")
+    by = [(c.name, c.stdin, c.stdin_text, [u.source for u in c.upstream]) for c in s.commands]
+    assert by == [("cat", "file", None, []), ("ls", "", None, []), ("cat", "procsub", None, ["ls"]),
+                  ("cat", "", None, []), ("cat", "file", None, []), ("cat", "herestring", "hi\n", []),
+                  ("grep", "herestring", None, []), ("wc", "", None, []),
+                  ("ls", "", None, []), ("ls", "", None, []), ("ls", "", None, [])]
+    reds = [(r.op, r.fd, r.target.value if r.target else None, r.dup) for r, _ in s.redirects]
+    assert reds == [("<", None, "f", False), ("<", None, None, False), ("<&", None, "3", True), ("<&", None, None, False),
+                    ("<<<", None, None, False), ("<<<", None, None, False), ("<", 2, "g", False),
+                    (">&", None, "2", True), (">&", None, "f", False), (">&", None, None, False)]
+    assert all(c is not None for _, c in s.redirects)
+    c = parse("ls > f more args").commands[0]
+    assert [w.value for w in c.words] == ["ls", "more", "args"] and [(r.op, r.target.value) for r in c.redirects] == [(">", "f")]
+
+
+def test_heredocs() -> None:
+    c = _cmd("cat <<EOF\na \\$x \\\\ b\\\nc\nEOF", "cat")
+    assert (c.stdin, c.stdin_text) == ("heredoc", "a $x \\ bc\n")
+    c = _cmd("cat <<'EOF'\na \\$x $y\nEOF", "cat")
+    assert (c.stdin, c.stdin_text) == ("heredoc", "a \\$x $y\n")
+    c = _cmd('cat <<"EOF"\n$y\nEOF', "cat")
+    assert c.stdin_text == "$y\n"
+    c = _cmd("cat <<-EOF\n\t\tx\n\tEOF", "cat")
+    assert (c.redirects[0].op, c.stdin_text) == ("<<-", "x\n")
+    c = _cmd("cat <<EOF\nx\n\ty\nEOF", "cat")
+    assert (c.redirects[0].op, c.stdin_text) == ("<<", "x\n\ty\n")
+    c = _cmd("cat <<-EOF\nx\n\ty\nEOF", "cat")
+    assert (c.redirects[0].op, c.stdin_text) == ("<<-", "x\ny\n")
+    s = parse("cat <<EOF > out\nhi $(rm x)\nEOF")
+    cat = next(c for c in s.commands if c.name == "cat")
+    assert (cat.stdin, cat.stdin_text) == ("heredoc", None) and "rm" in [c.name for c in s.commands]
+    assert [(r.op, r.target.value if r.target else None, c is None) for r, c in s.redirects] == [
+        (">", "out", True), ("<<", None, False)]
+    c = _cmd("cat 3<<EOF\nx\nEOF", "cat")
+    assert (c.stdin, c.redirects[0].fd) == ("", 3)
+
+
+def test_pipelines_feed_every_later_stage() -> None:
+    s = parse("a | b | c")
+    assert [(c.name, c.stdin, [u.name for u in c.upstream]) for c in s.commands] == [
+        ("a", "", []), ("b", "pipe", ["a"]), ("c", "pipe", ["a", "b"])]
+    # The grammar hangs `< f` on the whole pipeline: it may feed any stage (bash: the last).
+    s = parse("a | b < f")
+    assert [(c.name, c.stdin) for c in s.commands] == [("a", "file"), ("b", "file")]
+    assert [(c.name, c.stdin) for c in parse("a | { b; c; }").commands] == [("a", ""), ("b", "pipe"), ("c", "pipe")]
+
+
+def test_assignments_and_declarations() -> None:
+    cs = parse("X=1; Y= Z=2 env; export A=1 B; unset Q; local L").commands
+    assert [(c.kind, [w.value for w in c.words], [(n, w.value) for n, w in c.assigns]) for c in cs] == [
+        ("assignment", [], [("X", "1")]), ("simple", ["env"], [("Y", ""), ("Z", "2")]),
+        ("declaration", ["export", "B"], [("A", "1")]), ("declaration", ["unset", "Q"], []),
+        ("declaration", ["local", "L"], [])]
+    assert [c.source for c in cs] == ["X=1", "Y= Z=2 env", "export A=1 B", "unset Q", "local L"]
+    c = parse("X=$(rm y)").commands
+    assert [(x.name, x.kind) for x in c] == [("rm", "simple"), (None, "assignment")]
+
+
+def test_cd_histories() -> None:
+    assert _hist(_cmd("cd a && ls", "ls")) == [("cd a",)]
+    assert _hist(_cmd("cd a; pushd b; popd; ls", "ls")) == [("cd a", "pushd b", "popd")]
+    assert _hist(_cmd("cd a || ls", "ls")) == [(), ("cd a",)]
+    assert _hist(_cmd("cd a || true; ls", "ls")) == [(), ("cd a",)]
+    assert _hist(_cmd("true || cd a; ls", "ls")) == [(), ("cd a",)]
+    assert _hist(_cmd("(cd a); ls", "ls")) == [()]
+    assert _hist(_cmd("cd a & ls", "ls")) == [()]
+    assert _hist(_cmd("x=$(cd a); ls", "ls")) == [()]
+    assert _hist(_cmd("cd a | cat; ls", "ls")) == [()]
+    assert _hist(_cmd("builtin cd x; ls", "ls")) == [("?",)]
+    assert _hist(_cmd("command pushd x; ls", "ls")) == [("?",)]
+    assert _hist(_cmd("command ls; builtin; ls", "ls")) == [()]
+    s = parse("if cd a; then cd b; elif true; then cd c; else cd d; fi; ls")
+    assert _hist(s.commands[-1]) == [("cd a",), ("cd a", "cd b"), ("cd a", "cd c"), ("cd a", "cd d")]
+    assert _hist(_cmd("if true; then cd b; fi; ls", "ls")) == [(), ("cd b",)]
+    assert _hist(_cmd("case $x in a) cd a;; b) cd b;; esac; ls", "ls")) == [(), ("cd a",), ("cd b",)]
+    s = parse("for x in 1; do ls; cd a; done; pwd")
+    assert _hist(s.commands[0]) == [(), ("?",)]
+    assert _hist(s.commands[-1]) == [(), ("?",), ("cd a",)]
+    assert _hist(parse("while true; do ls; done; pwd").commands[-1]) == [()]  # no cd: still known
+    s = parse("f() { cd /x; ls; }; f; pwd")
+    assert [(c.name, c.function, _hist(c)) for c in s.commands] == [
+        ("cd", "f", [("?",)]), ("ls", "f", [("?", "cd /x")]), ("f", None, [(), ("?",)]), ("pwd", None, [(), ("?",)])]
+    assert list(s.functions) == ["f"] and [c.source for c in s.functions["f"]] == ["cd /x", "ls"]
+    assert [(c.name, c.function, _hist(c)) for c in parse("g() { ls; }; pwd").commands] == [
+        ("ls", "g", [("?",)]), ("pwd", None, [()])]
+
+
+def test_cd_histories_are_bounded() -> None:
+    five = "; ".join(f"if t; then cd d{i}; fi" for i in range(5))
+    assert len(_cmd(five + "; ls", "ls").cwd) == 32  # 2**5 histories are kept
+    assert _hist(_cmd(five + "; if t; then cd e; fi; ls", "ls")) == [("?",)]  # 64: unknown
+
+
+def test_redirections_of_compound_commands() -> None:
+    s = parse("{ a; b; } > f")
+    assert [(r.op, r.target.value, c) for r, c in s.redirects] == [(">", "f", None)]
+    s = parse("cd x && ls > f")
+    r, c = s.redirects[0]
+    assert c is None and sorted(len(h) for h in r.cwd) == [0, 1]  # in either directory
+    s = parse("{ cat; } < in")
+    assert s.commands[0].stdin == "file"
+    assert parse("{ a; } > f x").problems == ["words after a redirection of a compound command"]
+    assert parse("(a) > f x").problems == ["words after a redirection of a compound command"]
+    assert parse("{ a; } > f").problems == []
+    s = parse("> f")
+    assert [(c.words, [r.target.value for r in c.redirects]) for c in s.commands] == [([], ["f"])]
+    assert [c is s.commands[0] for _, c in s.redirects] == [True]
+
+
+def test_problems_and_second_readings() -> None:
+    assert parse("ls").problems == []
+    assert parse("echo 'unfinished").problems[0].startswith("the command is not valid bash")
+    assert parse("ls <&-").problems == ["a redirection without a target ('<&-')"]
+    deep = "echo " + "$(echo " * 120 + "x" + ")" * 120
+    assert "the command is nested too deeply to check" in parse(deep).problems
+    assert parse("echo " + "$(echo " * 10 + "x" + ")" * 10).problems == []
+    assert _words("r\\\nm -rf x") == [["r", "m", "-rf", "x"], ["rm", "-rf", "x"]]
+    assert ["rm", "x"] in _words("coproc { rm x; }") and ["rm", "y"] in _words("coproc NAME ( rm y )")
+    s = parse("f() { ls; }\\\n; g")
+    assert "f" in s.functions
+    assert parse("rm x").commands[0].source == "rm x" and parse("é; rm x").commands[1].source == "rm x"
