@@ -143,8 +143,9 @@ class Conversation:
         self.dirty = True
         self.stats.prompt_tokens = len(t.tokens)
         if len(t.tokens) + 1 >= self.ctx:
+            n = len(t.tokens)  # counted before the rollback takes the new messages away
             self._rollback()
-            raise ContextError(f"the conversation ({len(t.tokens)} tokens) does not fit the context of {self.ctx}; "
+            raise ContextError(f"the conversation ({n} tokens) does not fit the context of {self.ctx}; "
                                "use /new or /ctx N")
         yield from self._prefill(t.tokens)
         if self.stop.is_set():
