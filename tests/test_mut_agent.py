@@ -47,10 +47,12 @@ class Script:
 
     def __init__(self, agent: Agent, completions: list[str | tuple[str, str]]) -> None:
         self.agent, self.completions = agent, list(completions)
+        self.asked: list[dict] = []  # the last message of each turn's prompt
         agent.conv.session.generate = self.generate
 
     def generate(self, params, max_tokens=50000, stop_at_eos=True):
         tok = self.agent.conv.tok
+        self.asked.append(dict(self.agent.conv.messages[-1]))
         item = self.completions.pop(0)
         text, forced = item if isinstance(item, tuple) else (item, None)
         ids = tok.encode_rendered(text)[:max_tokens]
@@ -178,9 +180,10 @@ class FakeTurns:
     turn records the messages it was given and answers with the next scripted tool calls, as
     parsed calls with ids, or with ``None`` a plain answer."""
 
-    def __init__(self, agent: Agent, answers: list[list[tuple[str, dict]] | None]) -> None:
+    def __init__(self, agent: Agent, answers: list, finish: str | None = "eos",
+                 stats: tuple[int, int, int] | None = None) -> None:
         self.agent, self.answers, self.given = agent, list(answers), []
-        self.n = 0
+        self.n, self.finish, self.stats = 0, finish, stats
         agent.conv.turn_with = self.turn_with
 
     def turn_with(self, *messages: dict):
@@ -198,7 +201,11 @@ class FakeTurns:
                                           "function": {"name": name, "arguments": json.dumps(args)}})
                 self.n += 1
         self.agent.conv.transcript.messages.append(msg)
-        yield Event("done", finish="eos")
+        if self.stats is not None:  # (prompt, prefilled, generated) tokens of this turn
+            st = self.agent.conv.stats
+            st.prompt_tokens, st.prefill_tokens, st.gen_tokens = self.stats
+        if self.finish is not None:  # None: a turn that ends without saying why
+            yield Event("done", finish=self.finish)
 
 
 def test_max_steps_without_an_answer_is_an_error(make) -> None:
@@ -457,6 +464,7 @@ def test_held_results_are_dropped_when_the_conversation_moved_on(make, monkeypat
     Script(a, ["r</think>" + call("read", path="src/app.py")])
     list(a.run("read"))
     a.new_conversation()
+    assert a.conv.session.tokens == a.conv.transcript.tokens  # the system prompt's KV, restored
     Script(a, ["ok</think>Hello." + EOS])
     list(a.run("hello"))
     assert [r for r, _ in _roles(a)] == ["system", "user", "assistant"]
@@ -587,6 +595,7 @@ def test_prime_starts_the_conversation_again_from_the_system_prompt(make, engine
     system = {"role": "system", "content": a.conv.system, "tools": a.conv.tools}
     assert a.conv.messages == [system] and a.conv.dirty is False
     assert a.conv.session.tokens == a.conv.transcript.tokens and n == len(a.conv.transcript.tokens)
+    assert [i.reason for i in store.list()] == ["agent-system"]
     b = Agent(engine, ws, Policy("yolo"), None)
     assert b.prime(store) == 0 and b.conv.session.tokens == a.conv.transcript.tokens
     assert b.conv.dirty is False
@@ -723,3 +732,103 @@ def test_mentions_sniff_only_the_first_8192_bytes_and_attach_up_to_the_limit(ws)
     assert notes == [f"@over.txt: attached the first {MENTION_MAX} characters only (the file has {MENTION_MAX + 1} bytes)"]
     assert text.endswith("z" * MENTION_MAX + f"\n[truncated: the first {MENTION_MAX} characters of "
                          f"{MENTION_MAX + 1} bytes; use read for the rest]\n```")
+
+
+# -- more of the loop, with the model's turns faked ------------------------------------------------
+
+def test_a_turn_that_ends_without_a_finish_is_an_error(make) -> None:
+    a = make()
+    FakeTurns(a, [None], finish=None)
+    events = _quiet(a.run("hi"))
+    assert [e.kind for e in events] == ["turn", "done"]
+    assert events[0].data["finish"] == "" and events[1].stop == "error"
+
+
+def test_usage_of_a_turn_that_prefilled_its_whole_prompt(make) -> None:
+    a = make()
+    FakeTurns(a, [None], stats=(50, 50, 7))  # nothing came from the KV: no cache read
+    events = _quiet(a.run("hi"))
+    assert events[0].data["usage"] == {"input_tokens": 50, "cache_read_input_tokens": 0, "output_tokens": 7}
+    FakeTurns(a, [None], stats=(50, 20, 7))
+    events = _quiet(a.run("hi"))
+    assert events[0].data["usage"] == {"input_tokens": 20, "cache_read_input_tokens": 30, "output_tokens": 7}
+
+
+def test_calls_not_run_after_a_stop_answer_their_own_ids(make, monkeypatch) -> None:
+    a = make()
+    _stop_after_tools(monkeypatch, a)
+    fake = FakeTurns(a, [[("read", {"path": "src/app.py"}), ("list", {"path": "src"}), ("read", {"path": "sub/x.py"})],
+                         None])
+    assert list(a.run("look"))[-1].stop == "interrupted"
+    list(a.run("go on"))
+    assert fake.given[1] == [
+        {"role": "tool", "tool_call_id": "call_0", "content": READ_APP},
+        {"role": "tool", "tool_call_id": "call_1", "content": "error: not run: the user interrupted the agent"},
+        {"role": "tool", "tool_call_id": "call_2", "content": "error: not run: the user interrupted the agent"},
+        {"role": "user", "content": "go on"}]
+
+
+def test_a_failed_tool_is_a_tool_event_that_is_not_ok(make) -> None:
+    a = make()
+    FakeTurns(a, [[("read", {"path": "no/such/file.py"})], None])
+    tool = next(e for e in a.run("read") if e.kind == "tool")
+    assert tool.ok is False and tool.data["result"].startswith("error:")
+
+
+def test_near_full_is_past_four_fifths_of_the_context_with_history(make) -> None:
+    a = make()
+    a.conv.set_context(5000)  # four fifths: 4000 tokens
+    tokens = a.conv.transcript.tokens
+    real = list(tokens)
+    try:
+        tokens[:] = [0] * 4001
+        assert a._near_full() is False  # only the system prompt: nothing to summarise
+        Script(a, ["ok</think>Hi." + EOS])
+        a.conv.transcript.messages.append({"role": "user", "content": "x"})
+        a.conv.transcript.messages.append({"role": "assistant", "content": "Hi."})
+        assert a._near_full() is True
+        tokens[:] = [0] * 4000
+        assert a._near_full() is False  # exactly four fifths is not past them
+    finally:
+        tokens[:] = real
+
+
+def test_the_summary_is_asked_for_with_the_compact_request(make) -> None:
+    a = make()
+    _exchanges(a, 1)
+    script = Script(a, ["summing up</think>One answer." + EOS])
+    _result(a.compact())
+    assert script.asked == [{"role": "user", "content": (
+        "Summarise this conversation for your own future reference: the task, the files inspected or "
+        "changed, commands run and what they showed, decisions taken, what remains to do. "
+        "Be concrete and brief. Do not call tools.")}]
+
+
+def test_a_summary_request_that_cannot_fit_changes_nothing(make) -> None:
+    a = make()
+    _exchanges(a, 1)
+    before = (list(a.conv.transcript.tokens), _roles(a))
+    events, done = _result(a.compact([{"role": "user", "content": "word " * 9000}]))
+    assert done is False and [e.text for e in events] == [
+        "not compacted: the context is too full to write a summary; the conversation is unchanged"]
+    assert (a.conv.transcript.tokens, _roles(a)) == before
+
+
+def test_a_malformed_call_cut_off_by_the_context_is_not_written_again(make) -> None:
+    a = make()
+    Script(a, [('x</think>\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="read">\n<｜DSML｜parameter name="pa', "context")])
+    events = _quiet(a.run("read"))
+    assert events[-1].stop == "context"
+    assert [r for r, _ in _roles(a)] == ["system", "user", "assistant"]
+
+
+def test_a_mention_right_after_a_code_span_is_attached(ws) -> None:
+    assert attach_mentions("see `x`@src/app.py", ws)[1] == ["src/app.py"]
+
+
+def test_mention_notes_cut_long_names_to_80_characters(ws) -> None:
+    name = "a" * 300
+    assert attach_mentions("@" + name, ws)[2] == [
+        "@" + "a" * 80 + ": file name too long in the path (a name has at most 255 bytes); not attached"]
+    deep = "ab/" * 1360  # under 4096 characters, but longer than the OS takes under the root
+    assert attach_mentions("@" + deep, ws)[2] == ["@" + deep[:80] + ": File name too long; not attached"]
