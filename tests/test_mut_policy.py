@@ -80,11 +80,13 @@ def test_modes_are_checked_with_exact_messages() -> None:
 
 
 def test_defaults_of_a_policy_and_a_request() -> None:
-    p = Policy()
+    # Looked up on the module at call time (not the name bound at import), so that this checks
+    # the class as the module defines it now.
+    p = policy_mod.Policy()
     assert (p.mode, p.sandbox, p.network, p.writable, p.always) == ("ask", None, True, (), set())
     # The machinery (backend, detection, the cached analysis) stays out of the repr.
     assert repr(p) == "Policy(mode='ask', sandbox=None, network=True, writable=(), always=set())"
-    r = Request("t", "s", "r", "k")
+    r = policy_mod.Request("t", "s", "r", "k")
     assert (r.scope, r.grants, r.details, r.preview) == (None, (), (), "")
 
 
@@ -725,3 +727,105 @@ def test_problems_and_second_readings() -> None:
     s = parse("f() { ls; }\\\n; g")
     assert "f" in s.functions
     assert parse("rm x").commands[0].source == "rm x" and parse("é; rm x").commands[1].source == "rm x"
+
+
+# -- classify.py -----------------------------------------------------------------------------------
+
+S, O, Un, Dg = "safe", "ordinary", "unknown", "dangerous"
+# (command, level, the reasons at that level): each read off the program's rule in classify.
+VERDICTS: list[tuple[str, str, list[str]]] = [
+    ("rm x", O, []), ("rm -f x", Dg, ["forced delete"]), ("rm -rf x", Dg, ["recursive delete", "forced delete"]),
+    ("rm --recursive x", Dg, ["recursive delete"]), ("rm --force x", Dg, ["forced delete"]),
+    ("rm -R x", Dg, ["recursive delete"]), ("rm -- -f", O, []), ("rm -- *.txt", O, []),
+    ("rm --no-preserve-root /", Dg, ["delete without root protection", "deletes outside the workspace (/)",
+                                     "names a path outside the workspace (/)"]),
+    ("rm $X", Un, ["rm with arguments the shell computes ($X), which may be options", "deletes a computed path ($X)"]),
+    ("rm *.txt", Un, ["rm *.txt: the pattern may match file names that read as options"]),
+    ("chmod 644 src/app.py", O, []), ("chmod -R 755 src", Dg, ["recursive permission or owner change"]),
+    ("chown --recursive me src", Dg, ["recursive permission or owner change"]),
+    ("find . -delete", Dg, ["find -delete removes files"]),
+    ("find . -name x -fprint /etc/out", Dg, ["writes outside the workspace (/etc/out)",
+                                             "names a path outside the workspace (/etc/out)"]),
+    ("find . -exec rm {} \\;", Un, ["rm with arguments the shell computes ({}), which may be options",
+                                    "deletes a computed path ({})"]),
+    ("kill 123", O, []), ("kill -l", O, []),
+    ("kill -1", O, []),  # -1 alone is the signal (SIGHUP) with no process: bash refuses it
+    ("kill -9 -123", Dg, ["kills a whole process group"]), ("kill -- -5", Dg, ["kills a whole process group"]),
+    ("kill -s TERM -1", Dg, ["kills every process it can (kill -1)"]), ("kill $P", Un, ["kill of a computed process ($P)"]),
+    ("systemctl status x", O, []), ("service nginx status", O, []),
+    ("systemctl restart x", Dg, ["systemctl: changes system services"]),
+    ("systemctl $A", Un, ["systemctl with a computed action"]),
+    ("init 0", Dg, ["init: stops the machine"]), ("sysctl a", O, []), ("sysctl -w a=1", Dg, ["changes kernel settings"]),
+    ("curl http://a", O, []),
+    ("curl -o /etc/x http://a", Dg, ["writes outside the workspace (/etc/x)", "names a path outside the workspace (/etc/x)"]),
+    ("wget -O /etc/x http://a", Dg, ["writes outside the workspace (/etc/x)", "names a path outside the workspace (/etc/x)"]),
+    ("tar xf a.tar -C /etc", Dg, ["extracts into outside the workspace (/etc)", "names a path outside the workspace (/etc)"]),
+    ("tar -cf /etc/a.tar src", Dg, ["writes outside the workspace (/etc/a.tar)",
+                                    "names a path outside the workspace (/etc/a.tar)"]),
+    ("tar --use-compress-program=x -xf a", Un, ["tar runs a program given in its options"]),
+    ("unzip a.zip -d /etc", Dg, ["extracts into outside the workspace (/etc)", "names a path outside the workspace (/etc)"]),
+    ("sed -i s/a/b/ /etc/f", Dg, ["edits outside the workspace (/etc/f)", "names a path outside the workspace (/etc/f)"]),
+    ("sed -f s f", Un, ["sed runs a script from a file, which is not checked",
+                        "the sed script may run commands or write files (e, w, r ...)"]),
+    ("sed 'e ls' f", Un, ["the sed script may run commands or write files (e, w, r ...)"]),
+    ("set -e", S, []), ("shopt -s extglob", S, []), ("hash", S, []),
+    ("hash -r", Un, ["hash changes which programs later names run"]),
+    ("alias ls=rm", Un, ["alias changes which programs later names run"]),
+    ("sudo ls", Dg, ["sudo: runs as another user"]), ("env -i ls", S, []),
+    ("timeout 5 rm -rf x", Dg, ["recursive delete", "forced delete"]),
+    ("xargs rm -f", Dg, ["forced delete",
+                         "rm with arguments the shell computes (<arguments read from standard input>), which may be options",
+                         "deletes a computed path (<arguments read from standard input>)"]),
+    ("nice -n 5 git push --force", Dg, ["force-push or remote delete"]),
+    ("git push --force-with-lease", Dg, ["force-push or remote delete"]),
+    ("git push origin +main", Dg, ["force-push or remote delete (+refspec or :ref)"]),
+    ("git push origin :main", Dg, ["force-push or remote delete (+refspec or :ref)"]),
+    ("git reset --hard", Dg, ["discards uncommitted work (git reset --hard)"]),
+    ("git clean -fd", Dg, ["deletes untracked files (git clean -f)"]),
+    ("git checkout -- .", Dg, ["discards uncommitted changes (git checkout of paths)"]),
+    ("git checkout -f main", Dg, ["discards uncommitted changes (git checkout of paths)"]),
+    ("git switch -C x", Dg, ["discards changes or resets a branch (git switch --force / -C)"]),
+    ("git branch -D x", Dg, ["deletes or overwrites a branch (git branch -D/-M/-C/-f)"]),
+    ("git stash drop", Dg, ["git stash drop loses stashed work"]), ("git stash clear", Dg, ["git stash clear loses stashed work"]),
+    ("crontab -l", O, []), ("crontab -e", Dg, ["crontab: changes scheduled jobs"]),
+    ("shutdown now", Dg, ["shutdown: stops the machine"]),
+    ("dd if=a of=/dev/sda", Dg, ["writes a device (/dev/sda)"]), ("dd if=$X of=b", Un, ["dd with computed operands"]),
+    ("mkfs.ext4 /dev/sda1", Dg, ["mkfs.ext4: writes to disks", "names a path outside the workspace (/dev/sda1)"]),
+    ("cp a /etc/", Dg, ["writes outside the workspace (/etc)", "names a path outside the workspace (/etc)"]),
+    ("mv a /etc/b", Dg, ["moves outside the workspace (/etc/b)", "names a path outside the workspace (/etc/b)"]),
+    ("ln -s a /etc/b", Dg, ["writes outside the workspace (/etc/b)", "names a path outside the workspace (/etc/b)"]),
+    ("rsync -a --delete src/ dst/", Dg, ["rsync --delete removes files"]),
+    ("tee /etc/x", Dg, ["writes outside the workspace (/etc/x)", "names a path outside the workspace (/etc/x)"]),
+    ("touch /etc/x", Dg, ["writes outside the workspace (/etc/x)", "names a path outside the workspace (/etc/x)"]),
+    ("echo x > .git/config", Dg, ["writes inside .git (.git/config)"]),
+    ("ls > /dev/null", S, []),
+    ("nsenter -t 1 ls", Un, ["nsenter changes the process's namespaces or privileges"]),
+]
+# Ordinary, but no "always" can cover them (the reason says why).
+UNCOVERABLE = [("set -a", "set changes how the shell runs what follows"),
+               ("shopt -s expand_aliases", "shopt changes how the shell reads what follows"),
+               ("docker run x", "docker asks a service outside the sandbox to run things"),
+               ("rsync -e ssh a b:c", "rsync runs a remote shell command"),
+               ("ssh-keygen -f k", "ssh-keygen touches keys or secrets")]
+
+
+@pytest.mark.parametrize("command,level,reasons", VERDICTS, ids=[c for c, _, _ in VERDICTS])
+def test_classify_verdict(ws, command, level, reasons) -> None:
+    a = analyze(command, ws.root)
+    assert (classify.LEVELS[a.level], a.reasons(a.level) if a.level > ORDINARY else []) == (level, reasons)
+    if level in (S, O):
+        assert [s.reasons for s in a.steps] == [[] for _ in a.steps]
+        assert all(s.prefix is not None and s.coverable for s in a.steps)
+
+
+@pytest.mark.parametrize("command,why", UNCOVERABLE, ids=[c for c, _ in UNCOVERABLE])
+def test_classify_uncoverable(ws, command, why) -> None:
+    a = analyze(command, ws.root)
+    assert a.level == ORDINARY and [(s.reasons, s.prefix, s.coverable) for s in a.steps] == [([why], None, False)]
+
+
+def test_classify_writes_next_to_the_workspace(ws) -> None:
+    a = analyze("echo x >> ../out", ws.root)
+    assert (a.level, a.reasons(DANGEROUS)) == (DANGEROUS, [f"writes outside the workspace ({ws.root.parent / 'out'})"])
+    a = analyze("echo x > notes.txt", ws.root)
+    assert a.level == SAFE and a.steps[0].writes and a.writes_workspace is True
