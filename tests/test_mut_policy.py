@@ -151,7 +151,7 @@ def test_confinement_of_each_mode(ws, tmp_path, monkeypatch) -> None:
     assert seat.confinement(bws, None).protected == (os.path.join(broot, ".git"),)
 
 
-def test_confinement_of_git_only_commands_opens_a_git_dir_outside_the_tree(ws, tmp_path) -> None:
+def test_confinement_of_git_only_commands_opens_a_git_dir_outside_the_tree(ws, tmp_path, monkeypatch) -> None:
     # A repository whose git directory lives elsewhere (as for a worktree): a git-only command
     # may write it; any other command runs with the .git pointer protected instead.
     tree, gd = tmp_path / "tree", tmp_path / "gitdir"
@@ -167,6 +167,10 @@ def test_confinement_of_git_only_commands_opens_a_git_dir_outside_the_tree(ws, t
     # The repository's own .git below the workspace is already writable: not listed twice.
     assert pol.confinement(ws, analyze("git commit -m x", ws.root)).writable == (os.path.realpath(ws.root),)
     assert policy_mod._git_dirs(troot) == [rgd]
+    # A git dir already below one of the writable directories (here a temporary one) is not
+    # listed again, even though it is not below the workspace.
+    monkeypatch.setattr(policy_mod, "temp_dirs", lambda: (tmp_path,))
+    assert pol.confinement(tws, analyze("git commit -m x", tree)).writable == (troot, os.path.realpath(tmp_path))
     assert policy_mod._git_dirs(str(tmp_path / "outside")) == []  # not a repository
 
 
@@ -246,6 +250,7 @@ def test_edits_inside_the_workspace(ws) -> None:
         scope="file edits inside the workspace", grants=(("edit",),))
     assert _pol("ask", always={("edit",)}).request(write, args, ws) is None
     assert _pol("yolo").request(write, args, ws) is None
+    assert _pol("yolo", sandbox="read-only").request(write, args, ws) is None  # yolo: edits run, whatever the sandbox
     assert _pol("ask").request(TOOLS["read"], {"path": "src/app.py"}, ws) is None
     assert _pol("ask").request(TOOLS["read"], {"path": "  "}, ws) is None  # no path: nothing to check here
 
@@ -290,6 +295,7 @@ def test_shell_requests_exact(ws) -> None:
     assert pol.request(BASH, {"command": "cd src && pytest"}, ws).grants == (("shell", "pytest"),)
     assert pol.request(BASH, {"command": "echo hi"}, ws).grants == (("shell", "echo"),)
     assert pol.request(BASH, {"command": "command"}, ws) is not None
+    assert pol.request(BASH, {}, ws) is None and pol.request(BASH, {"command": ""}, ws) is None  # nothing to run
 
 
 def test_auto_edit_runs_safe_parts_only_when_confined(ws) -> None:
@@ -829,3 +835,21 @@ def test_classify_writes_next_to_the_workspace(ws) -> None:
     assert (a.level, a.reasons(DANGEROUS)) == (DANGEROUS, [f"writes outside the workspace ({ws.root.parent / 'out'})"])
     a = analyze("echo x > notes.txt", ws.root)
     assert a.level == SAFE and a.steps[0].writes and a.writes_workspace is True
+
+
+def test_no_always_covers_a_read_through_a_symlink_below_the_workspace(ws, tmp_path) -> None:
+    # Bug fixed here: only a symlink as the path's first component was looked through, and a
+    # pattern matching a symlink that leads out was only mentioned, so "always cat" let
+    # `cat src/lnk` (and `cat src/*`) read outside the workspace unasked.
+    os.symlink(tmp_path / "outside" / "key", ws.root / "src" / "lnk")
+    lnk = Path(os.path.realpath(ws.root)) / "src" / "lnk"
+    pol = _pol("ask", always={("shell", "cat")})
+    for command in ("cat src/lnk", "cd src && cat lnk"):
+        req = pol.request(BASH, {"command": command}, ws)
+        assert (req.kind, req.reason, req.scope, req.grants) == (
+            "shell", f"runs a shell command (names a path outside the workspace ({lnk}))", None, ()), command
+    req = pol.request(BASH, {"command": "cat src/*"}, ws)
+    assert (req.kind, req.reason, req.scope, req.grants) == (
+        "shell", f"runs a shell command (reads outside the workspace ({lnk}))", None, ())
+    assert pol.request(BASH, {"command": "cat src/app.py"}, ws) is None  # the rule still covers the workspace
+    assert _pol("auto-edit").request(BASH, {"command": "cat src/*"}, ws).scope is None

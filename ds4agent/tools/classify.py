@@ -1278,7 +1278,7 @@ class _Analyzer:
                 continue
             if not v:
                 continue
-            looks = v.startswith(("/", "~")) or ".." in Path(v).parts or os.path.islink(self.places.root / v.split("/")[0])
+            looks = v.startswith(("/", "~")) or ".." in Path(v).parts or self._through_link(s, v)
             in_git = any(is_git_name(part) for part in Path(v).parts)
             if not (looks or in_git) and w.glob is False:
                 continue
@@ -1290,6 +1290,20 @@ class _Analyzer:
                 elif where == "git" and base not in SAFE_PROGRAMS and base != "git":
                     s.raise_to(UNKNOWN, f"{base} is given a path inside .git ({v})")
                     s.coverable = False
+
+    def _through_link(self, s: Step, v: str) -> bool:
+        """Whether the relative path ``v`` passes through a symlink at any depth, from the
+        workspace or a directory the step runs in (``src/link``, ``cd src && cat link``): where
+        it really leads is then checked, as for an absolute path."""
+        for d in self.dirs_of(s) | {self.places.root}:
+            if d is None:
+                continue
+            p = Path(d)
+            for part in Path(v).parts:
+                p = p / part
+                if os.path.islink(p):
+                    return True
+        return False
 
     def prefix(self, s: Step, base: str) -> tuple[str, ...] | None:
         """What "always" would cover for this program: the program and, for tools with
@@ -1746,7 +1760,9 @@ def analyze(command: str, root: Path, *, places: Places | None = None, env: dict
             why = an.is_safe(s)
             if why is None and s.coverable:
                 s.level = SAFE
-            elif why and why.startswith(("reads outside", "names")) and why not in s.reasons:
-                s.reasons.append(why)
+            elif why and why.startswith(("reads outside", "names")):
+                # As for a path named outside (operand_places): no "always" covers a read that
+                # leads out of the workspace (a pattern matching a symlink that leads out).
+                s.not_coverable(why)
     an.a.steps = steps
     return an.a
