@@ -40,6 +40,7 @@ def _no_temp_dirs(monkeypatch):
     # test_shell_policy), so that paths next to the workspace are outside it.
     monkeypatch.setattr(classify, "temp_dirs", lambda: ())
     monkeypatch.setattr(policy_mod, "temp_dirs", lambda: ())
+    monkeypatch.setattr(policy_mod, "_GIT_DIRS", {})  # asked afresh: a path may be reused by another run
     CALLS.clear()
 
 
@@ -167,6 +168,10 @@ def test_confinement_of_git_only_commands_opens_a_git_dir_outside_the_tree(ws, t
     # The repository's own .git below the workspace is already writable: not listed twice.
     assert pol.confinement(ws, analyze("git commit -m x", ws.root)).writable == (os.path.realpath(ws.root),)
     assert policy_mod._git_dirs(troot) == [rgd]
+    assert policy_mod._GIT_DIRS[troot] == [rgd] and policy_mod._git_dirs(troot) is policy_mod._GIT_DIRS[troot]
+    # An ordinary repository: its git dir and common dir are the same .git, listed once.
+    wroot = os.path.realpath(ws.root)
+    assert policy_mod._git_dirs(wroot) == [os.path.join(wroot, ".git")]
     # A git dir already below one of the writable directories (here a temporary one) is not
     # listed again, even though it is not below the workspace.
     monkeypatch.setattr(policy_mod, "temp_dirs", lambda: (tmp_path,))
@@ -282,9 +287,9 @@ def test_shell_requests_exact(ws) -> None:
         "bash", "$ rm -r x", "dangerous command (recursive delete)", "dangerous",
         details=(f"in {ws.root}", "sandbox: full access"))
     assert _pol("yolo").request(BASH, {"command": "$X; python -c 1"}, ws) is None
-    unknown = pol.request(BASH, {"command": "$X; $Y; $Z; $W"}, ws)
-    assert unknown.kind == "unknown" and unknown.scope is None and unknown.details == where
-    assert unknown.reason.startswith("cannot be checked before it runs (") and unknown.reason.count(";") <= 2
+    assert pol.request(BASH, {"command": "$X; $Y; $Z; $W"}, ws) == Request(
+        "bash", "$ $X; $Y; $Z; $W", "cannot be checked before it runs (the program is computed ($X); the program is "
+        "computed ($Y); the program is computed ($Z))", "unknown", details=where)
     assert pol.request(BASH, {"command": "pytest a; pytest b && npm test"}, ws) == Request(
         "bash", "$ pytest a; pytest b && npm test", "runs a shell command", "shell",
         scope="commands starting with `pytest`, `npm test`", grants=(("shell", "pytest"), ("shell", "npm", "test")),
@@ -302,7 +307,9 @@ def test_auto_edit_runs_safe_parts_only_when_confined(ws) -> None:
     auto = _pol("auto-edit")
     assert auto.request(BASH, {"command": "ls -la"}, ws) is None
     assert auto.request(BASH, {"command": "echo hi"}, ws) is None
-    assert auto.request(BASH, {"command": "ls && pytest"}, ws).grants == (("shell", "pytest"),)
+    req = auto.request(BASH, {"command": "ls && pytest"}, ws)
+    assert (req.reason, req.grants) == ("runs a shell command", (("shell", "pytest"),))
+    assert _pol("ask", backend=None).request(BASH, {"command": "pytest"}, ws).reason == "runs a shell command"
     assert _pol("ask").request(BASH, {"command": "ls && pytest"}, ws).grants == (("shell", "ls"), ("shell", "pytest"))
     bare = _pol("auto-edit", backend=None)
     req = bare.request(BASH, {"command": "ls"}, ws)
@@ -328,6 +335,11 @@ def test_always_rules_cover_by_prefix(ws) -> None:
     # A rule covers only a coverable step: the same program naming a path outside still asks.
     assert _pol("ask", always={("shell", "cat")}).request(BASH, {"command": "cat /etc/hosts"}, ws) is not None
     assert _pol("ask", always={("shell", "cat")}).request(BASH, {"command": "cat src/app.py"}, ws) is None
+    # Every step is checked: a rule covering the first does not cover the next.
+    assert pol.request(BASH, {"command": "pytest && npm run x"}, ws).grants == (("shell", "npm", "run", "x"),)
+    # "always" is offered only when every step that asks has a prefix and can be covered.
+    req = pol.request(BASH, {"command": "make; cat /etc/hosts"}, ws)
+    assert (req.scope, req.grants) == (None, ())
     assert policy_mod._covers(("npm", "test"), ["npm", "test", "x"]) is True
     assert policy_mod._covers(("npm", "test"), ["npm"]) is False
     assert policy_mod._covers(("npm", "test"), ["npm", None]) is False
@@ -347,12 +359,16 @@ def test_grant_and_rules(ws) -> None:
     pol.grant(Request("x", "s", "r", "escape", scope="r", grants=(("read", "/x"), ("write", "/y"))))
     assert pol.rules() == ["file edits inside the workspace", "MCP tool mcp__s__t", "reads under /x",
                            "shell: 'a b'", "shell: git commit", "writes under /y"]
+    # Sorted by the grants' text: a name holding a quote is written in double quotes, which
+    # sort before single ones (by the tuples themselves, 'a' would come first).
+    two = _pol("ask", always={("shell", "a"), ("shell", "it's")})
+    assert two.rules() == ["shell: 'it'\"'\"'s'", "shell: a"]
 
 
 def test_paths_under_a_root() -> None:
     u = policy_mod._under
     assert u("/a/b", "/a") and u("/a", "/a") and u("/a/b", "/a/")
-    assert not u("/ab", "/a") and not u("/", "/a")
+    assert not u("/ab", "/a") and not u("/", "/a") and not u("/a/b", "/aX") and u("/aX/b", "/aX")
     g = policy_mod._granted
     assert g(("read", "/a"), ("read", "/a/b")) and not g(("write", "/a"), ("read", "/a/b"))
     assert not g(("read",), ("read", "/a")) and not g(("read", "/a", "b"), ("read", "/a"))
@@ -491,6 +507,7 @@ def test_mcp_arguments_are_previewed_and_loosely_checked(ws) -> None:
         "argument 'k'[0].x contains a NUL byte (\\0)": {"k": [{"x": "\0"}]},
         "argument 'k' contains a NUL byte (\\0) ": {"k": {"\0": 1}},
         "argument 'a\\x00' contains a NUL byte (\\0)": {"a\0": 1},
+        "argument '" + "b" * 39 + " contains a NUL byte (\\0)": {"b" * 50 + "\0": 1},  # a key's name: 40 characters
         "argument 'k' contains a lone surrogate (\\ud800-\\udfff), which is not text": {"k": {1: "\ud800"}},
     }
     for want, args in cases.items():
@@ -512,6 +529,10 @@ def test_shell_runs_in_the_sandbox_and_may_run_once_outside(ws) -> None:
     CALLS.clear()
     run_tool(tools, "bash", {"command": "   "}, ws, _pol("yolo", sandbox="workspace-write"), None)
     assert CALLS == [({"command": "   "}, None)]
+
+    CALLS.clear()
+    policy_mod._run_shell(BASH, ws, {}, _pol("ask"), None)  # no command: nothing to confine
+    assert CALLS == [({}, None)]
 
     runs: list[object] = []
 
