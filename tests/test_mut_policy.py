@@ -587,6 +587,7 @@ def test_ansi_c_strings_decode_like_bash() -> None:
     assert a(r"\777") == "\xff"  # bash keeps the low byte
     assert a(r"\x4g") == "\x04g" and a(r"\x414") == "A4"  # at most two hex digits
     assert a(r"\xg") == "\\xg" and a(r"\q") == "\\q"
+    assert a(r"\X9") == "\\X9"  # an unknown escape is kept as written
     assert a(r"\u00e9x") == "éx" and a(r"\u00e9ab") == "\u00e9ab" and a(r"\u12345") == "\u12345"
     assert a(r"\U0001F600") == "\U0001F600" and a(r"\U001100000") == "\ufffd0"
     assert a(r"\u") == "\\u" and a(r"\Uz") == "\\Uz"
@@ -612,6 +613,7 @@ def test_words_globs_braces_and_tildes(monkeypatch, tmp_path) -> None:
     w = parse("ls *$X").commands[0].words[1]
     assert (w.value, w.glob, w.static) == (None, True, False)
     assert parse("ls $X").commands[0].words[1].glob is False
+    assert parse("ls XX").commands[0].words[1].glob is False  # only * ? [ are pattern characters
     assert parse("ls a*$X").commands[0].words[1].glob is True
     assert sp._has_brace_expansion("{{a,b}}") and sp._has_brace_expansion("{a}{b..c}")
     assert not sp._has_brace_expansion("{a}") and not sp._has_brace_expansion("a,b}") and not sp._has_brace_expansion("{a,b")
