@@ -241,7 +241,22 @@ def test_a_finished_thinking_turn_keeps_the_reasoning(engine) -> None:
     assert (conv.transcript.tokens, conv.messages, conv.stats.turns) == (tokens, messages, 1)
 
 
-def test_a_tool_call_turn_cut_before_its_end_of_sentence(engine) -> None:
+@pytest.fixture()
+def kept(monkeypatch) -> list[bool]:
+    """What each append_sampled returned: True when the sampled ids were kept as they are (a
+    wrong EOS count would make the ids differ from the rendering and get re-tokenised)."""
+    out: list[bool] = []
+    real = Transcript.append_sampled
+
+    def spy(self, message, sampled):
+        out.append(real(self, message, sampled))
+        return out[-1]
+
+    monkeypatch.setattr(Transcript, "append_sampled", spy)
+    return out
+
+
+def test_a_tool_call_turn_cut_before_its_end_of_sentence(engine, kept) -> None:
     conv = _conv(engine, "thinking")
     ids = _script(conv, "ok</think>\n\n" + BLOCK, finish_last="length")
     events = list(conv.turn("write it"))
@@ -256,15 +271,17 @@ def test_a_tool_call_turn_cut_before_its_end_of_sentence(engine) -> None:
         "reasoning_content": "ok", "dsml": BLOCK}
     assert ids[-1] != conv.tok.eos_id
     assert conv.transcript.tokens[conv.stats.prompt_tokens:] == ids + [conv.tok.eos_id]  # closed with EOS
+    assert kept == [True]
 
 
-def test_a_tool_call_turn_with_its_end_of_sentence_gets_no_second_one(engine) -> None:
+def test_a_tool_call_turn_with_its_end_of_sentence_gets_no_second_one(engine, kept) -> None:
     conv = _conv(engine, "chat")
     ids = _script(conv, "\n\n" + BLOCK + EOS_TEXT)
     events = list(conv.turn("write it"))
     assert events[-1].finish == "eos"
     assert conv.messages[-1]["dsml"] == BLOCK and "reasoning_content" not in conv.messages[-1]
     assert conv.transcript.tokens[conv.stats.prompt_tokens:] == ids
+    assert kept == [True]  # one EOS: the ids are exactly the rendering
 
 
 def test_a_malformed_tool_block_is_reported_and_kept_as_text(engine) -> None:
