@@ -231,3 +231,29 @@ def test_a_line_edit_whose_text_ends_with_a_newline_adds_no_blank_line(ws) -> No
     assert (ws.root / "n.txt").read_text() == "a\nB\nc\n"
     assert call(ws, "edit", path="n.txt", start=2, new="").ok  # empty: the line is deleted
     assert (ws.root / "n.txt").read_text() == "a\nc\n"
+
+
+def test_new_file_preview_keeps_trailing_text_and_ends_an_empty_file_cleanly() -> None:
+    # Only newlines are stripped from the end (an empty file's preview would end with one):
+    # a last line ending in other characters, here 'X', stays whole.
+    assert files.new_file_preview("e.txt", "") == "new file e.txt: 0 lines, 0 bytes"
+    assert files.new_file_preview("m.py", "LIMIT = MAX\n") == "new file m.py: 1 line, 12 bytes\nLIMIT = MAX"
+
+
+def test_list_shows_a_folder_that_holds_only_a_symlink_and_an_unreadable_link(ws, monkeypatch) -> None:
+    (ws.root / "a.txt").write_text("x")
+    (ws.root / "only_link").mkdir()
+    (ws.root / "only_link" / "to_a").symlink_to("../a.txt")
+    (ws.root / "top").symlink_to("a.txt")
+    # A folder whose only entry is a symlink is listed with 0 files (the link is not followed).
+    assert call(ws, "list").text == "a.txt\nonly_link/  (0 files)\ntop -> a.txt  (symlink, not followed)"
+    real = files.os.readlink
+
+    def failing(path, *a, **k):
+        if Path(path).name == "top":
+            raise PermissionError(13, "denied")
+        return real(path, *a, **k)
+
+    monkeypatch.setattr(files.os, "readlink", failing)
+    # A link whose target cannot be read is still shown, its target as '?'.
+    assert call(ws, "list").text == "a.txt\nonly_link/  (0 files)\ntop -> ?  (symlink, not followed)"

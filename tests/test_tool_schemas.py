@@ -90,3 +90,17 @@ def test_stated_defaults_are_the_code_defaults() -> None:
     assert re.search(r"default (\d+)", desc(shell, "bash", "timeout")).group(1) == str(shell.DEFAULT_TIMEOUT)
     bash = next(t for t in shell.TOOLS if t.name == "bash")
     assert bash.parameters["properties"]["timeout"]["maximum"] == shell.MAX_TIMEOUT
+
+
+def test_every_tool_that_edits_shows_its_change_before_approval(tmp_path: Path) -> None:
+    # An edit-kind tool without a preview would ask for approval of a change the user cannot see.
+    from ds4agent.tools import Workspace, files
+
+    ws = Workspace(tmp_path)
+    (tmp_path / "a.txt").write_text("one\ntwo\n")
+    by_name = {t.name: t for m in MODULES for t in _tools(m)}
+    assert sorted(n for n, t in by_name.items() if t.kind == "edit") == ["edit", "write"]
+    assert by_name["write"].preview(ws, {"path": "n.txt", "content": "hi\n"}) == "new file n.txt: 1 line, 3 bytes\nhi"
+    assert by_name["edit"].preview(ws, {"path": "a.txt", "old": "two", "new": "2"}) == (
+        "--- a/a.txt\n+++ b/a.txt\n@@ -1,2 +1,2 @@\n one\n-two\n+2\n")
+    assert by_name["write"].run is files.write and by_name["edit"].run is files.edit
