@@ -577,6 +577,12 @@ class Applier:
                 self.undo.append((setattr, fo, attr, a))
                 setattr(fo, attr, b)
                 changed = True
+        # A wrapper with code of its own (a dataclass's generated __repr__ under reprlib's
+        # recursion guard, a contextmanager's helper) has the same code in both versions: what
+        # the mutant changed is the function it wraps.
+        wo, wn = getattr(fo, "__wrapped__", None), getattr(fn, "__wrapped__", None)
+        if wo is not None and wn is not None and wo is not fo:
+            changed |= self._merge(wo, wn)
         return changed
 
     def restore(self) -> None:
