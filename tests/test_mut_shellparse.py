@@ -1,0 +1,262 @@
+"""Exact parses of shellparse.py (issue 22 mutation survivors): words' values and flags,
+assignments, the extra readings (continuations, coproc), ANSI-C escapes, cd histories and
+their limit, the problem messages, and the MAX_DEPTH boundary along each walker edge.
+
+Every expected value is worked out by hand from bash's rules and the walker's counting (see
+the comments), never copied from a run."""
+
+from __future__ import annotations
+
+import pytest
+
+from ds4agent.tools import shellparse
+from ds4agent.tools.shellparse import UNKNOWN_DIR, parse
+
+TOO_DEEP = "the command is nested too deeply to check"
+
+
+def words(cmd) -> list:
+    return [w.value for w in cmd.words]
+
+
+def names(script) -> list:
+    return [words(c) for c in script.commands]
+
+
+# -- MAX_DEPTH -----------------------------------------------------------------------------------
+# How the walker counts: parse() starts statement(program, 0); "program" falls through to
+# _sequence(program, 0), which walks each child at depth + 1. A subshell is isolated(_sequence,
+# node, depth), so in "( " * n + X + " )" * n the k-th subshell is walked at depth k and the
+# top node of X at depth n + 1 (D below). statement() and _pieces() refuse a node whose depth
+# is > MAX_DEPTH (200) with TOO_DEEP; _collect() checks nothing itself. For a simple command
+# `a` at D: command(D) -> word(command_name, D+1) -> _pieces(command_name, D+1) ->
+# _pieces(word, D+2). So X's deepest check is at n + k for a k per construct (worked out below),
+# and the text is accepted for n = 200 - k and refused for n = 201 - k.
+
+
+def nest(n: int, inner: str) -> str:
+    return "( " * n + inner + " )" * n
+
+
+def test_depth_boundary_of_a_plain_command() -> None:
+    # `a`: deepest check _pieces(word) at D + 2 = n + 3.
+    ok = parse(nest(197, "a"))
+    assert ok.problems == []
+    assert names(ok) == [["a"]]
+    # n = 198: the word's _pieces is at 201: the command is kept, its name unknown.
+    word_deep = parse(nest(198, "a"))
+    assert word_deep.problems == [TOO_DEEP]
+    assert names(word_deep) == [[None]]
+    # n = 199: _pieces(command_name) itself at 201: the same outcome.
+    assert names(parse(nest(199, "a"))) == [[None]]
+    # n = 200: the command's statement() is at 201: refused, no command at all.
+    refused = parse(nest(200, "a"))
+    assert refused.problems == [TOO_DEEP]
+    assert refused.commands == []
+
+
+@pytest.mark.parametrize(
+    "inner, k",
+    [
+        # x=a"b": assignment at D -> word(value) at D+1 -> _pieces(concatenation) D+1 ->
+        # _pieces of its parts (word a, string) at D+2. Deepest n + 3.
+        ('x=a"b"', 3),
+        # x=$(a): word(value) D+1 -> _pieces(command_substitution) D+1 -> _collect at D+2 ->
+        # _substitution at D+2 -> statement(a) D+3 -> _pieces(command_name) D+4 -> word D+5.
+        ("x=$(a)", 6),
+        # a >f: redirected_statement at D; its body at D+1 -> word of the name at D+3; the
+        # target: redirect(D) -> word(f) D+1 -> _pieces D+1. Deepest n + 4.
+        ("a >f", 4),
+        # a | b: pipeline D -> each stage at D+1 -> name word at D+3. Deepest n + 4.
+        ("a | b", 4),
+        # f() { a; }: function_definition D -> compound_statement D+1 -> a at D+2 -> D+4.
+        ("f() { a; }", 5),
+        # ( a ) && b: list D -> first kid (subshell) D+1 -> a at D+2 -> word D+4; the second
+        # kid b at D+1 -> word D+3. Deepest n + 5 (through the first kid).
+        ("( a ) && b", 5),
+        # if a; then b; fi: condition a and then-body b both at D+1 -> words at D+3.
+        ("if a; then b; fi", 4),
+        # [[ $(a) ]]: test_command D -> _sequence -> statement(command_substitution) D+1 ->
+        # statement(a) D+2 -> word D+4.
+        ("[[ $(a) ]]", 5),
+        # [[ b ]]: test_command D -> statement(word) D+1 -> self.word(D+2) -> _pieces D+2.
+        ("[[ b ]]", 3),
+        # [[ 1 ]]: the same with a number node.
+        ("[[ 1 ]]", 3),
+        # case x in @(a)) ;; esac: case_item at D+1 -> _sequence -> statement(extglob_pattern)
+        # D+2 -> word at D+3 -> _pieces D+3 (the case word x only reaches D+2).
+        ("case x in @(a)) ;; esac", 4),
+    ],
+)
+def test_depth_boundary_along_each_edge(inner: str, k: int) -> None:
+    assert parse(nest(200 - k, inner)).problems == []
+    assert parse(nest(201 - k, inner)).problems == [TOO_DEEP]
+
+
+# -- MAX_HISTORIES -------------------------------------------------------------------------------
+# A case statement with m items, each `cd dI`, ends in one of m histories (dI,) or still at
+# the start () when no item matched: m + 1 histories. merge() keeps up to 32 and makes more
+# than 32 the single unknown history (UNKNOWN_DIR,).
+
+
+def _case_of_cds(m: int) -> str:
+    items = " ".join(f"p{i}) cd d{i};;" for i in range(m))
+    return f"case x in {items} esac; ls"
+
+
+def test_thirty_two_histories_are_kept() -> None:
+    s = parse(_case_of_cds(31))
+    ls = s.commands[-1]
+    assert words(ls) == ["ls"]
+    cds = [c for c in s.commands if c.name == "cd"]
+    assert [words(c) for c in cds] == [["cd", f"d{i}"] for i in range(31)]
+    assert ls.cwd == frozenset({()} | {(c,) for c in cds})
+    assert len(ls.cwd) == 32
+
+
+def test_thirty_three_histories_become_unknown() -> None:
+    s = parse(_case_of_cds(32))
+    assert s.commands[-1].cwd == frozenset({(UNKNOWN_DIR,)})
+
+
+def test_builtin_cd_without_an_argument_changes_directory() -> None:
+    # `builtin cd` (two words) goes home: the directory after it cannot be followed.
+    s = parse("builtin cd; ls")
+    assert names(s) == [["builtin", "cd"], ["ls"]]
+    assert s.commands[1].cwd == frozenset({(UNKNOWN_DIR,)})
+
+
+def test_c_style_for_loop_that_changes_directory() -> None:
+    # A loop with a cd: its commands and those after it may be anywhere (UNKNOWN_DIR added).
+    # The loop's own commands: the assignment i=0 (a Command of kind "assignment") and cd x.
+    s = parse("for ((i=0; i<3; i++)); do cd x; done; ls")
+    init, cd, ls = s.commands
+    assert init.kind == "assignment" and [n for n, _ in init.assigns] == ["i"]
+    assert words(cd) == ["cd", "x"] and words(ls) == ["ls"]
+    assert init.cwd == frozenset({(), (UNKNOWN_DIR,)})
+    assert cd.cwd == frozenset({(), (UNKNOWN_DIR,)})
+    assert ls.cwd == frozenset({(), (cd,), (UNKNOWN_DIR,)})
+
+
+# -- problems -------------------------------------------------------------------------------------
+
+
+def test_an_error_node_is_named_with_its_text() -> None:
+    s = parse('echo "abc')
+    assert s.problems == ["the command is not valid bash near '\"abc'"]
+    assert names(s) == [["echo"]]
+
+
+def test_a_missing_token_gives_the_general_syntax_problem() -> None:
+    # The grammar inserts a missing `)`: an anonymous node the walker does not visit, so
+    # only the tree's has_error flag tells.
+    s = parse("echo $(ls")
+    assert s.problems == ["the command is not valid bash (a syntax error or an unfinished quote)"]
+    assert names(s) == [["ls"], ["echo", None]]
+
+
+def test_valid_text_has_no_problem() -> None:
+    assert parse("echo hi").problems == []
+
+
+# -- words ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "body, value",
+    [
+        (r"\u0041b", "Ab"),  # \u with up to 4 hex digits
+        (r"\X41", r"\X41"),  # not an escape: kept as written
+        (r"\cAb", "\x01b"),  # control-A, then b
+        (r"\qab", r"\qab"),  # unknown escape kept, the rest unchanged
+    ],
+)
+def test_ansi_c_escapes(body: str, value: str) -> None:
+    s = parse(f"echo $'{body}'")
+    assert words(s.commands[0]) == ["echo", value]
+
+
+def test_backslash_escape_keeps_the_rest_of_the_word() -> None:
+    assert words(parse(r"echo a\bc").commands[0]) == ["echo", "abc"]
+
+
+def test_translated_string_is_not_static() -> None:
+    # $"abc" is looked up in the locale's catalogue: the grammar reads it as `$` over a string
+    # node, so its value is unknown (a message catalogue could turn it into anything).
+    (cmd,) = parse('x=$"abc"').commands
+    assert cmd.kind == "assignment"
+    assert [(n, w.value, w.source) for n, w in cmd.assigns] == [("x", None, '$"abc"')]
+
+
+def test_declaration_name_word_is_not_a_glob() -> None:
+    (cmd,) = parse("export A=1").commands
+    assert [(w.value, w.glob) for w in cmd.words] == [("export", False)]
+    assert [(n, w.value) for n, w in cmd.assigns] == [("A", "1")]
+
+
+def test_unset_names_are_static_words() -> None:
+    (cmd,) = parse("unset PATH").commands
+    assert cmd.kind == "declaration"
+    assert words(cmd) == ["unset", "PATH"]
+
+
+def test_number_argument_is_static() -> None:
+    assert words(parse("exit 12").commands[0]) == ["exit", "12"]
+
+
+def test_sequence_brace_expansion_is_not_static() -> None:
+    (cmd,) = parse("echo {1..3}").commands
+    assert words(cmd) == ["echo", None]
+
+
+def test_tilde_followed_by_a_quoted_part(monkeypatch) -> None:
+    # `~/"ab"`: the ~ and / are unquoted, so ~ expands; the quoted part follows the slash.
+    monkeypatch.setenv("HOME", "/home/tester")
+    (cmd,) = parse('ls ~/"ab"').commands
+    assert words(cmd) == ["ls", "/home/tester/ab"]
+
+
+def test_surrogate_inside_a_quoted_word_survives() -> None:
+    # The text is encoded with surrogatepass (a lone surrogate becomes its 3 bytes) and each
+    # node decoded the same way: a string holding all three bytes decodes back to the surrogate.
+    (cmd,) = parse('echo "\udcff"').commands
+    assert words(cmd) == ["echo", "\udcff"]
+    assert cmd.source == 'echo "\udcff"'
+
+
+def test_surrogate_in_a_comment_is_encoded_and_ignored() -> None:
+    # Only the encoding of the whole text sees the comment's surrogate; no node text is decoded.
+    s = parse("echo a # \udcff")
+    assert names(s) == [["echo", "a"]]
+    assert s.problems == []
+
+
+# -- extra readings -----------------------------------------------------------------------------
+
+
+def test_coproc_is_read_again_without_the_keyword() -> None:
+    # As written, the grammar sees `coproc { rm x` as one command and `}` as another; the
+    # second reading "{ rm x; }" has the real command.
+    s = parse("coproc { rm x; }")
+    assert names(s) == [["coproc", "{", "rm", "x"], ["}"], ["rm", "x"]]
+
+
+def test_coproc_with_a_continuation_is_read_with_both_fixes() -> None:
+    # Readings besides the text: joined "coproc { rm x; }", without coproc "{ r\\\nm x; }",
+    # and both "{ rm x; }"; they are parsed after the text itself, in sorted order ("c" < "{",
+    # and a backslash sorts before "m"). Unjoined, r and m are two words.
+    s = parse("coproc { r\\\nm x; }")
+    assert names(s) == [
+        ["coproc", "{", "r", "m", "x"], ["}"],  # as written
+        ["coproc", "{", "rm", "x"], ["}"],  # joined
+        ["r", "m", "x"],  # without coproc
+        ["rm", "x"],  # both
+    ]
+
+
+def test_functions_of_every_reading_are_kept() -> None:
+    # "f() { r\\\nm x; }" as written: the grammar does not join the continuation, so it
+    # reads the words r and m (the backslash-newline separates them); the joined reading gives
+    # rm. The function's body holds the commands of both readings, in that order.
+    s = parse("f() { r\\\nm x; }")
+    assert [words(c) for c in s.functions["f"]] == [["r", "m", "x"], ["rm", "x"]]
