@@ -205,8 +205,10 @@ def test_number_argument_is_static() -> None:
 
 
 def test_sequence_brace_expansion_is_not_static() -> None:
-    (cmd,) = parse("echo {1..3}").commands
-    assert words(cmd) == ["echo", None]
+    # {1..3} is a brace_expression node; {a..c} is three plain words whose characters are
+    # joined into one text in which ".." is seen (bash makes "a b c" of it).
+    (cmd,) = parse("echo {1..3} {a..c} {a.c}").commands
+    assert words(cmd) == ["echo", None, None, "{a.c}"]
 
 
 def test_tilde_followed_by_a_quoted_part(monkeypatch) -> None:
@@ -260,3 +262,20 @@ def test_functions_of_every_reading_are_kept() -> None:
     # rm. The function's body holds the commands of both readings, in that order.
     s = parse("f() { r\\\nm x; }")
     assert [words(c) for c in s.functions["f"]] == [["r", "m", "x"], ["rm", "x"]]
+
+
+def test_here_string_of_a_loop_feeds_its_commands() -> None:
+    # The grammar nests `while ...; done <<<x` (its here-string child has no field name)
+    # inside the redirected statement of `>f`. The here-string text is "x" plus the newline
+    # bash appends; it reaches every command of the loop. Neither redirection is any one
+    # command's: both are recorded with None.
+    s = parse("while :; do :; done <<<x >f")
+    assert s.problems == []
+    assert [(words(c), c.stdin, c.stdin_text, c.redirects) for c in s.commands] == [
+        ([":"], "herestring", "x\n", []),
+        ([":"], "herestring", "x\n", []),
+    ]
+    assert [(r.op, r.fd, r.target.value if r.target else None, r.text, c) for r, c in s.redirects] == [
+        ("<<<", None, None, "x\n", None),
+        (">", None, "f", None, None),
+    ]
