@@ -18,16 +18,14 @@ EOS = "<｜end▁of▁sentence｜>"
 
 
 def install(answers: list[str]) -> None:
+    # helpers.py sits next to this file, whose folder is on sys.path when it runs as a script.
+    from helpers import scripted_steps
+
     from ds4agent.engine import session as session_mod
 
     def generate(self, params=None, max_tokens=50000, stop_at_eos=True):
         text = answers.pop(0) if answers else "done</think>(no more scripted answers)" + EOS
-        ids = self.tokenizer.encode_rendered(text)[:max_tokens]
-        for i, t in enumerate(ids):
-            finish = "eos" if t == self.tokenizer.eos_id else ("length" if i + 1 == len(ids) else None)
-            yield session_mod.Step(t, i, 0.0, finish)
-            if finish:
-                return
+        yield from scripted_steps(self.tokenizer, text, max_tokens)
 
     session_mod.Session.generate = generate
 

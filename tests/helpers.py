@@ -143,3 +143,21 @@ def convo_session(engine, user: str, extra: str = ""):
     s = engine.session()
     s.sync(engine.tokenizer.encode_rendered(text))
     return s
+
+
+def scripted_steps(tok, text: str, max_tokens: int = 50000, last_finish: str = "length",
+                   interrupt_at: int | None = None):
+    """What Session.generate yields when the model samples exactly ``text`` (in the tokenizer's
+    canonical ids, cut at ``max_tokens``): the end-of-sentence token finishes with "eos"; a text
+    that ends without one finishes its last step with ``last_finish`` ("length", or "context" for
+    a session that ran out of room). ``interrupt_at``: raise KeyboardInterrupt before that step."""
+    from ds4agent.engine.session import Step
+
+    ids = tok.encode_rendered(text)[:max_tokens]
+    for i, t in enumerate(ids):
+        if interrupt_at == i:
+            raise KeyboardInterrupt
+        finish = "eos" if t == tok.eos_id else (last_finish if i + 1 == len(ids) else None)
+        yield Step(t, i, 0.0, finish)
+        if finish:
+            return

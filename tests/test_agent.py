@@ -8,11 +8,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import scripted_steps
 
 from ds4agent.conversation import agent as agent_mod
 from ds4agent.conversation.agent import Agent
 from ds4agent.engine import Engine
-from ds4agent.engine.session import Step
 from ds4agent.sessions import SessionStore
 from ds4agent.tools import Policy, Workspace
 
@@ -36,17 +36,9 @@ class Script:
         self.agent.conv.session.generate = self.generate
 
     def generate(self, params, max_tokens=50000, stop_at_eos=True):
-        tok = self.agent.conv.tok
-        text = self.completions.pop(0)
-        ids = tok.encode_rendered(text)
         turn, self.turn = self.turn, self.turn + 1
-        for i, t in enumerate(ids):
-            if self.interrupt_at == (turn, i):
-                raise KeyboardInterrupt
-            finish = "eos" if t == tok.eos_id else ("length" if i + 1 == len(ids) else None)
-            yield Step(t, i, 0.0, finish)
-            if finish:
-                return
+        at = self.interrupt_at[1] if self.interrupt_at and self.interrupt_at[0] == turn else None
+        yield from scripted_steps(self.agent.conv.tok, self.completions.pop(0), max_tokens, interrupt_at=at)
 
 
 @pytest.fixture(scope="module")

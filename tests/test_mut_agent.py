@@ -12,12 +12,17 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import scripted_steps
 
 from ds4agent.conversation import agent as agent_mod
-from ds4agent.conversation.agent import Agent, _arguments, attach_mentions, system_prompt
+from ds4agent.conversation.agent import (
+    Agent,
+    _arguments,
+    attach_mentions,
+    system_prompt,
+)
 from ds4agent.conversation.instructions import Instructions
 from ds4agent.engine import Engine
-from ds4agent.engine.session import Step
 from ds4agent.sessions import SessionStore
 from ds4agent.tools import Policy, Workspace
 
@@ -51,17 +56,10 @@ class Script:
         agent.conv.session.generate = self.generate
 
     def generate(self, params, max_tokens=50000, stop_at_eos=True):
-        tok = self.agent.conv.tok
         self.asked.append(dict(self.agent.conv.messages[-1]))
         item = self.completions.pop(0)
         text, forced = item if isinstance(item, tuple) else (item, None)
-        ids = tok.encode_rendered(text)[:max_tokens]
-        for i, t in enumerate(ids):
-            last = i + 1 == len(ids)
-            finish = "eos" if t == tok.eos_id else ((forced or "length") if last else None)
-            yield Step(t, i, 0.0, finish)
-            if finish:
-                return
+        yield from scripted_steps(self.agent.conv.tok, text, max_tokens, forced or "length")
 
 
 @pytest.fixture(scope="module")
