@@ -86,6 +86,18 @@ def test_depth_boundary_of_a_plain_command() -> None:
         # case x in @(a)) ;; esac: case_item at D+1 -> _sequence -> statement(extglob_pattern)
         # D+2 -> word at D+3 -> _pieces D+3 (the case word x only reaches D+2).
         ("case x in @(a)) ;; esac", 4),
+        # export x=a: declaration D -> assignments(D+1) -> word(value) D+2 -> _pieces D+2
+        # (the export word is made directly, without _pieces).
+        ("export x=a", 3),
+        # >$(b) a: the redirect is a child of the command: redirect(D+1) -> word($(b)) D+2 ->
+        # _collect D+3 -> statement(b) D+4 -> word D+6 (the name a only reaches D+2).
+        (">$(b) a", 7),
+        # a >f $(b): $(b) is a second destination of the redirect (an extra word): redirect(D)
+        # -> word D+1 -> _collect D+2 -> statement(b) D+3 -> word D+5 (the body a: D+3).
+        ("a >f $(b)", 6),
+        # A heredoc body's $(a): redirect(D) -> _collect D+1 -> statement(a) D+2 -> word D+4.
+        # (The text ends in a newline so that the closing " )" of nest() is not on the EOF line.)
+        ("cat <<EOF\n$(a)\nEOF\n", 5),
     ],
 )
 def test_depth_boundary_along_each_edge(inner: str, k: int) -> None:
@@ -190,7 +202,7 @@ def test_translated_string_is_not_static() -> None:
 
 def test_declaration_name_word_is_not_a_glob() -> None:
     (cmd,) = parse("export A=1").commands
-    assert [(w.value, w.glob) for w in cmd.words] == [("export", False)]
+    assert [(w.value, w.source, w.glob) for w in cmd.words] == [("export", "export", False)]
     assert [(n, w.value) for n, w in cmd.assigns] == [("A", "1")]
 
 
@@ -279,3 +291,41 @@ def test_here_string_of_a_loop_feeds_its_commands() -> None:
         ("<<<", None, None, "x\n", None),
         (">", None, "f", None, None),
     ]
+
+
+def test_assignment_without_value_is_the_empty_word() -> None:
+    (cmd,) = parse("x=").commands
+    assert [(n, w.value, w.source) for n, w in cmd.assigns] == [("x", "", "")]
+
+
+def test_several_assignments_alone() -> None:
+    (cmd,) = parse("a=1 b=2").commands
+    assert (cmd.kind, cmd.words) == ("assignment", [])
+    assert [(n, w.value) for n, w in cmd.assigns] == [("a", "1"), ("b", "2")]
+
+
+def test_declaration_inside_a_function_names_the_function() -> None:
+    s = parse("f() { export A=1; }")
+    (cmd,) = s.functions["f"]
+    assert (cmd.kind, cmd.function, words(cmd)) == ("declaration", "f", ["export"])
+
+
+def test_missing_closing_token_is_not_walked_as_a_statement() -> None:
+    # `( a`: the grammar adds a missing anonymous ")"; only named nodes are statements, so
+    # the general message is the one problem.
+    s = parse("( a")
+    assert s.problems == ["the command is not valid bash (a syntax error or an unfinished quote)"]
+    assert names(s) == [["a"]]
+
+
+def test_background_job_as_the_last_part_of_a_case_item() -> None:
+    # The last case item may omit ";;": then "&" is the item's last child. `cd x &` runs in a
+    # background subshell, so ls still runs in the starting directory.
+    s = parse("case y in a) cd x &\nesac; ls")
+    assert names(s) == [["cd", "x"], ["ls"]]
+    assert s.commands[1].cwd == frozenset({()})
+
+
+def test_braces_without_comma_after_a_comma_are_literal() -> None:
+    # a,{b}: the only brace pair holds "b" (no comma, no ..): bash leaves the word as is.
+    assert words(parse("echo a,{b}").commands[0]) == ["echo", "a,{b}"]
