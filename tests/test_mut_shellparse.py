@@ -245,6 +245,19 @@ def test_surrogate_in_a_comment_is_encoded_and_ignored() -> None:
     assert s.problems == []
 
 
+def test_an_unquoted_surrogate_is_a_problem_not_a_crash(tmp_path) -> None:
+    # Unquoted, the grammar splits the surrogate's three bytes across nodes: a node's text does
+    # not decode. The command is then one whose programs are unknown (asked), never an exception
+    # out of the policy (dangerous() and analyze() are called without run_tool's text check).
+    from ds4agent.tools import classify, policy
+
+    assert parse("echo \udcff").problems == ["the command holds text that is not valid Unicode outside quotes"]
+    a = classify.analyze("echo \udcff", tmp_path)
+    assert a.level == classify.UNKNOWN
+    assert a.reasons(classify.UNKNOWN) == ["the command holds text that is not valid Unicode outside quotes"]
+    assert policy.dangerous("echo \udcff", tmp_path) is None
+
+
 # -- extra readings -----------------------------------------------------------------------------
 
 

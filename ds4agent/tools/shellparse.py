@@ -123,7 +123,12 @@ def _parse_one(text: str) -> Script:
     data = text.encode("utf-8", "surrogatepass")
     tree = _parser().parse(data)
     script = Script(text)
-    _Walker(script, data).statement(tree.root_node, 0)
+    try:
+        _Walker(script, data).statement(tree.root_node, 0)
+    except UnicodeDecodeError:
+        # A lone surrogate (text that is not Unicode) outside quotes: the grammar may split its
+        # three bytes across nodes, and such a node has no text. Nothing then says what runs.
+        script.problems.append("the command holds text that is not valid Unicode outside quotes")
     if tree.root_node.has_error and not script.problems:
         script.problems.append("the command is not valid bash (a syntax error or an unfinished quote)")
     return script
