@@ -415,7 +415,7 @@ def test_stopped_between_calls_the_rest_are_marked_not_run(make, monkeypatch) ->
     Script(a, ["two</think>" + calls(("read", {"path": "src/app.py"}), ("list", {"path": "src"}))])
     events = _quiet(a.run("look"))
     assert [e.kind for e in events] == ["turn", "tool", "interrupted", "done"]
-    assert ran == ["read"] and events[-1].stop == "interrupted"
+    assert ran == ["read"] and events[2].text == "interrupted" and events[-1].stop == "interrupted"
     Script(a, ["ok</think>Fine." + EOS])
     list(a.run("go on"))
     results = [m for m in a.conv.messages if m["role"] == "tool"]
@@ -841,3 +841,109 @@ def test_mention_notes_cut_long_names_to_80_characters(ws) -> None:
         "@" + "a" * 80 + ": file name too long in the path (a name has at most 255 bytes); not attached"]
     deep = "ab/" * 1360  # under 4096 characters, but longer than the OS takes under the root
     assert attach_mentions("@" + deep, ws)[2] == ["@" + deep[:80] + ": File name too long; not attached"]
+
+
+# -- @mentions: the edge cases of issue 22's survivors ----------------------------------------------
+
+def test_the_attach_limit_is_the_documented_100000_characters() -> None:
+    from ds4agent.conversation.agent import MENTION_MAX
+
+    assert MENTION_MAX == 100_000  # README: "up to 100 000 characters"
+
+
+def test_a_trailing_dot_is_kept_when_the_file_has_it(ws) -> None:
+    (ws.root / "v2.").write_text("two\n")
+    assert attach_mentions("see @v2.", ws)[1:] == (["v2."], [])
+    (ws.root / "src" / "BOX").write_text("box\n")  # only the sentence's dots go, not the name's letters
+    assert attach_mentions("see @src/BOX.", ws)[1:] == (["src/BOX"], [])
+
+
+def test_a_fifo_is_not_opened(ws) -> None:
+    import os
+
+    fifo = ws.root / "pipe"
+    if not fifo.exists():
+        os.mkfifo(fifo)
+    # Opening a FIFO would block until a writer came: it is refused before any open.
+    assert attach_mentions("read @pipe", ws)[1:] == ([], ["@pipe: not a regular file; not attached"])
+
+
+def test_mentions_after_a_binary_file_are_still_attached(ws) -> None:
+    (ws.root / "blob.bin").write_bytes(b"\0\1\2")
+    text, attached, notes = attach_mentions("@blob.bin and @src/app.py", ws)
+    assert attached == ["src/app.py"] and notes == ["@blob.bin: not a text file; not attached"]
+
+
+@pytest.mark.skipif(__import__("sys").flags.utf8_mode, reason="in UTF-8 mode open() ignores the locale")
+def test_mentions_are_read_as_utf8_whatever_the_locale(ws) -> None:
+    import locale
+
+    (ws.root / "cafe.txt").write_text("café\n", encoding="utf-8")
+    old = locale.setlocale(locale.LC_CTYPE)
+    locale.setlocale(locale.LC_CTYPE, "C")  # an ASCII locale: open() without an encoding fails here
+    try:
+        text, attached, notes = attach_mentions("@cafe.txt", ws)
+    finally:
+        locale.setlocale(locale.LC_CTYPE, old)
+    assert attached == ["cafe.txt"] and notes == [] and "café" in text
+
+
+# -- stops in the middle of a turn --------------------------------------------------------------------
+
+def test_stopped_while_the_model_writes_is_an_interrupted_stop(make) -> None:
+    a = make()
+    script = Script(a, ["thinking</think>An answer that goes on and on" + EOS])
+    real = script.generate
+
+    def stopping(*args, **kw):
+        for i, step in enumerate(real(*args, **kw)):
+            if i == 2:
+                a.conv.stop.set()
+            yield step
+
+    a.conv.session.generate = stopping
+    events = _quiet(a.run("q"))
+    assert [(e.kind, e.text) for e in events[-2:]] == [("interrupted", "interrupted"), ("done", "")]
+    assert events[-1].stop == "interrupted"
+
+
+def test_a_compaction_withdrawn_before_its_summary_says_it_was_interrupted(make) -> None:
+    a = make()
+    _exchanges(a, 1)
+    before = (list(a.conv.transcript.tokens), _roles(a))
+    real_sync = a.conv.session.sync
+
+    def sync(ids):  # the stop arrives during the prefill of the summary request
+        out = real_sync(ids)
+        a.conv.stop.set()
+        return out
+
+    a.conv.session.sync = sync
+    Script(a, ["never sampled" + EOS])
+    events, done = _result(a.compact())
+    assert done is False and [e.text for e in events] == [
+        "not compacted: the summary was interrupted; the conversation is unchanged"]
+    assert (a.conv.transcript.tokens, _roles(a)) == before
+
+
+def test_a_summary_exactly_as_long_as_the_conversation_is_not_a_compaction(make) -> None:
+    a = make(max_tokens=2000)
+    _exchanges(a, 3)  # more than the kept tail: a short summary is shorter
+    before = len(a.conv.transcript.tokens)
+    mark = a.conv.mark()
+
+    def compacted_length(summary: str) -> int | None:
+        Script(a, ["s</think>" + summary + EOS])
+        events, done = _result(a.compact())
+        n = len(a.conv.transcript.tokens) if done else None
+        a.conv.restore(mark)
+        return n
+
+    base = compacted_length("A")
+    assert base is not None and base < before
+    pad = before - base  # each " A" is one more token of the summary
+    assert compacted_length("A" + " A" * (pad - 1)) == before - 1  # one token shorter: compacted
+    Script(a, ["s</think>" + "A" + " A" * pad + EOS])
+    events, done = _result(a.compact())
+    assert done is False and [e.text for e in events] == [
+        "not compacted: the summary was not shorter than the conversation; the conversation is unchanged"]

@@ -297,3 +297,11 @@ def test_version_of_a_missing_program_is_not_safe(root: Path, tmp_path: Path) ->
     empty = tmp_path / "empty"
     empty.mkdir()
     assert analyze("go version", root, env={"PATH": str(empty)}).level == ORDINARY
+
+
+@pytest.mark.parametrize("pattern", ["-e/etc", "--regexp=/etc"])
+def test_grep_joined_pattern_then_the_files_are_judged(root: Path, pattern: str) -> None:
+    # A pattern joined to its option ends no scan: the files after it are still paths.
+    assert analyze(f"grep {pattern} src", root).level == SAFE
+    a = analyze(f"grep {pattern} src /etc/passwd", root)
+    assert a.level == ORDINARY and a.steps[0].reasons == ["names a path outside the workspace (/etc/passwd)"]
