@@ -1,0 +1,241 @@
+"""classify.py's program tables, entry by entry (issue 22, helper table A): _SYSTEM,
+SAFE_PROGRAMS (names and their risky options), _NOT_PAGERS, _ANY_ARGS, _INERT, _VERSION_ONLY,
+NULL_DEVICES and _IGNORABLE. Every name is written out here, never read from the module: a
+mutant renames an entry in the table, and a test that iterated the table would follow it.
+
+Each test loops over an explicit list, collects the commands whose verdict differs and
+asserts that none does, so one failure shows every entry that broke."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import ds4agent.tools.classify as classify
+from ds4agent.tools.classify import DANGEROUS, ORDINARY, SAFE, UNKNOWN, Places, analyze, is_git_name
+
+
+@pytest.fixture(autouse=True)
+def _no_temp_dirs(monkeypatch):
+    # The workspace lives under the temporary directory: here it must not count as "tmp".
+    monkeypatch.setattr(classify, "temp_dirs", lambda: ())
+
+
+@pytest.fixture()
+def root(tmp_path: Path) -> Path:
+    r = tmp_path / "repo"
+    (r / "src").mkdir(parents=True)
+    subprocess.run(["git", "init", "-q"], cwd=r, check=True)
+    (r / "src" / "app.py").write_text("x\n")
+    return r
+
+
+# Programs looked up on PATH by the read-only rules: installed as stubs outside the workspace,
+# so that a verdict never depends on what this machine has (sw_vers, md5, fdfind ...).
+_INSTALLED = [
+    "ls", "cat", "head", "tail", "wc", "cut", "nl", "tac", "rev", "paste", "join", "comm", "cmp", "diff", "stat",
+    "du", "df", "grep", "egrep", "fgrep", "rg", "basename", "dirname", "realpath", "readlink", "which", "id",
+    "whoami", "uname", "md5sum", "sha1sum", "sha224sum", "sha256sum", "sha384sum", "sha512sum", "b2sum", "cksum",
+    "shasum", "md5", "strings", "od", "hexdump", "seq", "sleep", "expr", "column", "fold", "fmt", "expand",
+    "unexpand", "nproc", "printenv", "locale", "tr", "file", "jq", "sort", "uniq", "tree", "find", "fd", "fdfind",
+    "xxd", "base64", "date", "hostname", "env", "sed", "awk", "gawk", "mawk", "nawk", "git", "tty", "getconf", "ps",
+    "free", "uptime", "lsb_release", "sw_vers", "groups", "less", "more", "xargs",
+    # version queries
+    "python", "python3", "node", "npm", "npx", "pnpm", "yarn", "bun", "deno", "cargo", "rustc", "rustup", "go",
+    "gcc", "g++", "clang", "clang++", "cc", "c++", "make", "cmake", "pip", "pip3", "uv", "java", "javac", "ruby",
+    "gem", "perl", "php", "docker", "kubectl", "swift", "dotnet", "ld", "gdb", "lldb", "poetry", "tsc", "ruff",
+    "black", "mypy", "pytest", "bash", "zsh", "sh",
+]
+
+
+@pytest.fixture()
+def env(tmp_path: Path) -> dict[str, str]:
+    d = tmp_path / "bin"
+    d.mkdir()
+    for name in _INSTALLED:
+        p = d / name
+        p.write_text("#!/bin/sh\n")
+        p.chmod(0o755)
+    return {"PATH": str(d)}
+
+
+def _mismatches(root: Path, env: dict[str, str], expected: dict[str, int]) -> list[tuple[str, str]]:
+    out = []
+    for cmd, level in expected.items():
+        got = analyze(cmd, root, env=env).level
+        if got != level:
+            out.append((cmd, classify.LEVELS[got]))
+    return out
+
+
+# -- _SYSTEM: programs dangerous by name ----------------------------------------------------------
+
+_SYSTEM_WHY = {
+    "writes to disks": ["mkfs", "mke2fs", "mkswap", "fdisk", "sfdisk", "cfdisk", "gdisk", "sgdisk", "parted",
+                        "wipefs", "blkdiscard", "hdparm", "losetup", "cryptsetup", "newfs", "diskutil", "format",
+                        "mkdosfs", "badblocks", "zpool", "zfs", "lvremove", "vgremove", "pvremove", "dmsetup", "nvme"],
+    "changes mounts or the root directory": ["mount", "umount", "swapon", "swapoff", "chroot", "pivot_root"],
+    "stops the machine": ["shutdown", "reboot", "halt", "poweroff", "telinit", "kexec", "pmset"],
+    "kills processes broadly": ["killall", "pkill", "xkill", "killall5", "skill", "slay", "fuser"],
+    "runs as another user": ["sudo", "doas", "su", "pkexec", "run0", "sudoedit", "runuser", "ksu", "calife"],
+    "changes scheduled jobs": ["crontab", "at", "batch", "atrm"],
+    "changes user accounts": ["passwd", "chpasswd", "useradd", "userdel", "usermod", "groupadd", "groupdel",
+                              "groupmod", "adduser", "deluser", "visudo", "vipw", "dscl", "chsh", "chfn"],
+    "changes the kernel or the boot setup": ["insmod", "rmmod", "modprobe", "kextload", "kextunload", "csrutil",
+                                             "nvram", "bless", "efibootmgr", "grub-install", "update-grub"],
+    "changes the firewall": ["iptables", "ip6tables", "nft", "ufw", "pfctl", "firewall-cmd"],
+    "destroys file contents": ["shred", "srm", "wipe"],
+}
+
+
+def test_system_programs_are_dangerous_by_name(root: Path) -> None:
+    # Run bare: whatever its operands, each is dangerous, and the reason names the program and
+    # what it does (the reason is what the user reads when asked).
+    bad = []
+    for why, progs in _SYSTEM_WHY.items():
+        for prog in progs:
+            a = analyze(prog, root)
+            got = (a.level, a.reasons())
+            if got != (DANGEROUS, [f"{prog}: {why}"]):
+                bad.append((prog, got))
+    assert bad == []
+
+
+def test_system_families_by_their_stem(root: Path) -> None:
+    # mkfs.ext4, mkfs.vfat ...: the family before the first dot or underscore decides.
+    for prog, why in [("mkfs.ext4", "writes to disks"), ("mkfs.vfat", "writes to disks"),
+                      ("mount.nfs", "changes mounts or the root directory")]:
+        a = analyze(prog, root)
+        assert (a.level, a.reasons()) == (DANGEROUS, [f"{prog}: {why}"])
+
+
+def test_crontab_list_is_not_dangerous(root: Path) -> None:
+    assert analyze("crontab -l", root).level == ORDINARY
+    assert analyze("crontab -e", root).level == DANGEROUS
+
+
+# -- SAFE_PROGRAMS: the read-only list --------------------------------------------------------------
+
+# One read-only use of each program that is not inert: safe (it may run without asking).
+_READ_ONLY_USE = {
+    "ls": "ls src", "cat": "cat src/app.py", "head": "head src/app.py", "tail": "tail src/app.py",
+    "wc": "wc -l src/app.py", "cut": "cut -c1 src/app.py", "nl": "nl src/app.py", "tac": "tac src/app.py",
+    "rev": "rev src/app.py", "paste": "paste src/app.py", "join": "join src/app.py src/app.py",
+    "comm": "comm src/app.py src/app.py", "cmp": "cmp src/app.py src/app.py", "diff": "diff src/app.py src/app.py",
+    "stat": "stat src/app.py", "du": "du src", "df": "df", "grep": "grep x src/app.py", "egrep": "egrep x src/app.py",
+    "fgrep": "fgrep x src/app.py", "rg": "rg x src", "basename": "basename src/app.py", "dirname": "dirname src/app.py",
+    "realpath": "realpath src/app.py", "readlink": "readlink src/app.py", "which": "which ls", "id": "id",
+    "whoami": "whoami", "uname": "uname -a", "md5sum": "md5sum src/app.py", "sha1sum": "sha1sum src/app.py",
+    "sha224sum": "sha224sum src/app.py", "sha256sum": "sha256sum src/app.py", "sha384sum": "sha384sum src/app.py",
+    "sha512sum": "sha512sum src/app.py", "b2sum": "b2sum src/app.py", "cksum": "cksum src/app.py",
+    "shasum": "shasum src/app.py", "md5": "md5 src/app.py", "strings": "strings src/app.py", "od": "od src/app.py",
+    "hexdump": "hexdump src/app.py", "seq": "seq 3", "sleep": "sleep 1", "expr": "expr 1 + 1",
+    "column": "column src/app.py", "fold": "fold src/app.py", "fmt": "fmt src/app.py", "expand": "expand src/app.py",
+    "unexpand": "unexpand src/app.py", "nproc": "nproc", "printenv": "printenv HOME", "locale": "locale",
+    "tr": "tr a b < src/app.py", "file": "file src/app.py", "jq": "jq . src/app.py", "sort": "sort src/app.py",
+    "uniq": "uniq src/app.py", "tree": "tree src", "find": "find src -name '*.py'", "fd": "fd app src",
+    "fdfind": "fdfind app src", "xxd": "xxd src/app.py", "base64": "base64 src/app.py", "date": "date +%s",
+    "hostname": "hostname", "env": "env", "type": "type ls", "sed": "sed -n 1p src/app.py",
+    "awk": "awk '{print $1}' src/app.py", "gawk": "gawk '{print $1}' src/app.py", "mawk": "mawk '{print $1}' src/app.py",
+    "nawk": "nawk '{print $1}' src/app.py", "git": "git status", "tty": "tty", "getconf": "getconf PAGESIZE",
+    "ps": "ps", "free": "free", "uptime": "uptime", "lsb_release": "lsb_release -a", "sw_vers": "sw_vers",
+    "groups": "groups",
+}
+# The inert ones (cd, echo ...) are safe anyway when the shell runs them; run by find -exec they
+# are not inert, and the read-only list decides.
+_BY_FIND = ["cd", "pushd", "popd", "dirs", "pwd", "echo", "printf", "true", "false", ":", "test", "["]
+
+
+def test_read_only_programs_are_safe(root: Path, env: dict[str, str]) -> None:
+    assert _mismatches(root, env, {cmd: SAFE for cmd in _READ_ONLY_USE.values()}) == []
+
+
+def test_read_only_builtins_run_by_find_are_safe(root: Path, env: dict[str, str]) -> None:
+    bad = []
+    for prog in _BY_FIND:
+        q = f"'{prog}'" if prog == "[" else prog  # an unquoted [ is a pattern
+        a = analyze(f"find src -exec {q} \\;", root, env=env)
+        got = [(s.program, s.level, s.via) for s in a.steps]
+        if got != [("find", ORDINARY, ""), (prog, SAFE, "find -exec")]:
+            bad.append((prog, got))
+    assert bad == []
+
+
+def test_a_read_only_program_may_read_git_files(root: Path, env: dict[str, str]) -> None:
+    # Programs on the list read .git (a pager asks, but for being interactive, not for .git);
+    # any other program given a path inside .git is unknown.
+    expected = {"cat .git/config": SAFE, "pwd .git": SAFE, "dirs .git": SAFE, "less .git/config": ORDINARY,
+                "more .git/config": ORDINARY, "wait .git": UNKNOWN}
+    assert _mismatches(root, env, expected) == []
+
+
+def test_pagers_ask(root: Path, env: dict[str, str]) -> None:
+    # _NOT_PAGERS: less and more are interactive (they can run a shell: `!cmd`, `v` for an editor).
+    assert _mismatches(root, env, {"less src/app.py": ORDINARY, "more src/app.py": ORDINARY}) == []
+
+
+# Short options: each listed letter makes the program write, run programs or follow links out.
+_RISKY = [
+    "ls -L src", "ls --dereference src", "stat -L src/app.py", "stat --dereference src/app.py", "du -L src",
+    "du --dereference src", "du --files0-from=src/app.py", "wc --files0-from=src/app.py",
+    "diff --to-file=src/app.py src/app.py", "diff --from-file=src/app.py src/app.py", "grep -R x src",
+    "grep --dereference-recursive x src", "egrep -R x src", "egrep --dereference-recursive x src", "fgrep -R x src",
+    "fgrep --dereference-recursive x src", "rg -L x src", "rg --pre=cat x src", "rg --follow x src",
+    "rg --search-zip x src", "file -C", "file -m src/app.py src/app.py", "file --compile",
+    "file --magic-file=src/app.py src/app.py", "jq --rawfile a src/app.py . src/app.py",
+    "jq --slurpfile a src/app.py . src/app.py", "sort -o out src/app.py", "sort -T src src/app.py",
+    "sort --output=out src/app.py", "sort --compress-program=gzip src/app.py",
+    "sort --temporary-directory=src src/app.py", "sort --files0-from=src/app.py", "tree -o out src", "tree -R src",
+    "tree -l src", "tree -H x src", "tree --fromfile src/app.py", "tree --output=out src", "fd -x cat app src",
+    "fd -X cat app src", "fd -L app src", "fd --exec=cat app src", "fd --exec-batch=cat app src",
+    "fd --follow app src", "fdfind -x cat app src", "fdfind -X cat app src", "fdfind -L app src",
+    "fdfind --exec=cat app src", "fdfind --exec-batch=cat app src", "fdfind --follow app src",
+    "base64 -o out src/app.py", "base64 --output=out src/app.py", "date -f src/app.py", "date --set=12:00",
+    "date --file=src/app.py", "hostname -F src/app.py", "hostname -b", "hostname --file=src/app.py",
+    "hostname --boot",
+]
+
+
+def test_risky_options_ask(root: Path, env: dict[str, str]) -> None:
+    assert _mismatches(root, env, {cmd: ORDINARY for cmd in _RISKY}) == []
+
+
+def test_risky_long_options_match_abbreviated(root: Path, env: dict[str, str]) -> None:
+    expected = {"ls --deref src": ORDINARY, "sort --out=x src/app.py": ORDINARY, "rg --foll x src": ORDINARY}
+    assert _mismatches(root, env, expected) == []
+
+
+# An option letter the program's list does not name (-X: ls sorts by extension, tree writes XML
+# to the terminal, find -X (BSD) warns about names; for most it is an error) leaves the program
+# read-only: the list names the risky letters, not the harmless ones.
+_OTHER_LETTER = [
+    "ls -X src", "cat -X src/app.py", "head -X src/app.py", "tail -X src/app.py", "wc -X src/app.py",
+    "cut -X src/app.py", "nl -X src/app.py", "tac -X src/app.py", "rev -X src/app.py", "paste -X src/app.py",
+    "join -X src/app.py src/app.py", "comm -X src/app.py src/app.py", "cmp -X src/app.py src/app.py",
+    "diff -X src/app.py src/app.py", "stat -X src/app.py", "du -X src/app.py src", "df -X", "grep -X x src/app.py",
+    "egrep -X x src/app.py", "fgrep -X x src/app.py", "rg -X x src", "basename -X src/app.py",
+    "dirname -X src/app.py", "realpath -X src/app.py", "readlink -X src/app.py", "which -X ls", "id -X",
+    "whoami -X", "uname -X", "md5sum -X src/app.py", "sha1sum -X src/app.py", "sha224sum -X src/app.py",
+    "sha256sum -X src/app.py", "sha384sum -X src/app.py", "sha512sum -X src/app.py", "b2sum -X src/app.py",
+    "cksum -X src/app.py", "shasum -X src/app.py", "md5 -X src/app.py", "strings -X src/app.py", "od -X src/app.py",
+    "hexdump -X src/app.py", "seq -X 3", "sleep -X 1", "expr -X", "column -X src/app.py", "fold -X src/app.py",
+    "fmt -X src/app.py", "expand -X src/app.py", "unexpand -X src/app.py", "nproc -X", "printenv -X",
+    "locale -X", "tr -X a b", "file -X src/app.py", "jq -X . src/app.py", "sort -X src/app.py",
+    "uniq -X src/app.py", "tree -X src", "find -X src", "xxd -X src/app.py", "base64 -X src/app.py",
+    "date -X +%s", "hostname -X", "type -X ls", "tty -X", "getconf -X PAGESIZE", "ps -X", "free -X",
+    "uptime -X", "lsb_release -X", "sw_vers -X", "groups -X",
+]
+_OTHER_LETTER_BY_FIND = ["pwd", "echo", "printf", "true", "false", ":", "test", "["]
+
+
+def test_other_option_letters_stay_read_only(root: Path, env: dict[str, str]) -> None:
+    assert _mismatches(root, env, {cmd: SAFE for cmd in _OTHER_LETTER}) == []
+    bad = []
+    for prog in _OTHER_LETTER_BY_FIND:
+        q = f"'{prog}'" if prog == "[" else prog
+        a = analyze(f"find src -exec {q} -X \\;", root, env=env)
+        if a.steps[1].level != SAFE:
+            bad.append(prog)
+    assert bad == []
