@@ -104,9 +104,13 @@ def test_system_programs_are_dangerous_by_name(root: Path) -> None:
 
 
 def test_system_families_by_their_stem(root: Path) -> None:
-    # mkfs.ext4, mkfs.vfat ...: the family before the first dot or underscore decides.
+    # mkfs.ext4, mkfs.vfat ...: the family before the first dot or underscore decides. For
+    # sudo and the like the table is all that catches a renamed copy (sudo.ws is Debian's
+    # original sudo beside sudo-rs): the wrapper rule knows only the plain names.
+    user = "runs as another user"
     for prog, why in [("mkfs.ext4", "writes to disks"), ("mkfs.vfat", "writes to disks"),
-                      ("mount.nfs", "changes mounts or the root directory")]:
+                      ("mount.nfs", "changes mounts or the root directory"), ("sudo.ws", user), ("doas.real", user),
+                      ("su.real", user), ("pkexec.real", user), ("run0.real", user), ("runuser.real", user)]:
         a = analyze(prog, root)
         assert (a.level, a.reasons()) == (DANGEROUS, [f"{prog}: {why}"])
 
@@ -239,3 +243,125 @@ def test_other_option_letters_stay_read_only(root: Path, env: dict[str, str]) ->
         if a.steps[1].level != SAFE:
             bad.append(prog)
     assert bad == []
+
+
+# -- _ANY_ARGS: operands that are strings, not paths ----------------------------------------------
+
+_ANY_ARGS_PROGS = ["echo", "printf", "true", "false", ":", "test", "[", "expr", "seq", "sleep", "basename", "dirname"]
+
+
+def test_any_operand_is_fine_for_string_programs(root: Path, env: dict[str, str]) -> None:
+    # An operand outside the workspace is a string to these (basename /etc/passwd reads
+    # nothing), and so is one the shell computes: xargs' arguments from standard input.
+    bad = []
+    for prog in _ANY_ARGS_PROGS:
+        q = f"'{prog}'" if prog == "[" else prog
+        a = analyze(f"{q} /etc/passwd", root, env=env)
+        if [(s.program, s.level, s.coverable) for s in a.steps] != [(prog, SAFE, True)]:
+            bad.append(("operand", prog, _summary(a)))
+        a = analyze(f"xargs {q}", root, env=env)
+        if [(s.program, s.level, s.via) for s in a.steps] != [(prog, SAFE, "xargs")]:
+            bad.append(("xargs", prog, _summary(a)))
+    assert bad == []
+
+
+def test_a_path_program_with_computed_or_outside_operands_asks(root: Path, env: dict[str, str]) -> None:
+    # The contrast: cat reads its operands.
+    a = analyze("xargs cat", root, env=env)
+    assert [(s.program, s.level) for s in a.steps] == [("cat", ORDINARY)]
+    a = analyze("cat /etc/passwd", root, env=env)
+    assert [(s.program, s.level, s.coverable) for s in a.steps] == [("cat", ORDINARY, False)]
+
+
+def _summary(a: classify.Analysis) -> list[tuple]:
+    return [(s.program, classify.LEVELS[s.level], s.reasons, s.via, s.coverable, s.inert) for s in a.steps]
+
+
+# -- _INERT: never needs an approval -----------------------------------------------------------------
+
+_INERT_USE = {
+    "cd": "cd src", "pushd": "pushd src", "popd": "popd", "dirs": "dirs", "pwd": "pwd", "echo": "echo hi",
+    "printf": "printf hi", "true": "true", "false": "false", ":": ":", "test": "test -n x", "[": "'[' -n x ]",
+    "wait": "wait", "read": "read x", "shift": "shift", "return": "return", "exit": "exit 1", "break": "break",
+    "continue": "continue", "let": "let x=1", "getopts": "getopts ab x", "jobs": "jobs", "umask": "umask 022",
+}
+
+
+def test_inert_builtins(root: Path, env: dict[str, str]) -> None:
+    bad = []
+    for prog, cmd in _INERT_USE.items():
+        a = analyze(cmd, root, env=env)
+        if [(s.program, s.level, s.inert) for s in a.steps] != [(prog, SAFE, True)]:
+            bad.append((cmd, _summary(a)))
+    assert bad == []
+
+
+def test_inert_steps_leave_a_git_command_git_only(root: Path, env: dict[str, str]) -> None:
+    # git_only looks past inert steps: `cd src && git add app.py` may write .git.
+    assert analyze("cd src && git add app.py", root, env=env).git_only is True
+    assert analyze("cat app.py && git add app.py", root, env=env).git_only is False
+
+
+# -- _VERSION_ONLY: `PROG --version` is read-only -------------------------------------------------
+
+_VERSION_QUERY = [
+    "python", "python3", "node", "npm", "npx", "pnpm", "yarn", "bun", "deno", "cargo", "rustc", "rustup", "go",
+    "gcc", "g++", "clang", "clang++", "cc", "c++", "make", "cmake", "pip", "pip3", "uv", "java", "javac", "ruby",
+    "gem", "perl", "php", "git", "swift", "dotnet", "ld", "gdb", "lldb", "poetry", "tsc",
+    "ruff", "black", "mypy", "pytest", "bash", "zsh", "sh",
+]
+
+
+def test_version_queries_are_safe(root: Path, env: dict[str, str]) -> None:
+    # Installed outside the workspace (the stubs): `PROG --version` only prints.
+    assert _mismatches(root, env, {f"{p} --version": SAFE for p in _VERSION_QUERY}) == []
+    # ... and nothing else they do is read-only.
+    expected = {"python x.py": ORDINARY, "make": ORDINARY, "git --version x": ORDINARY, "pytest -q": ORDINARY}
+    assert _mismatches(root, env, expected) == []
+
+
+def test_docker_and_kubectl_ask_even_for_their_version(root: Path, env: dict[str, str]) -> None:
+    # Both are on _VERSION_ONLY, but they talk to a daemon or a cluster (`docker version` prints
+    # the server's): the service rule makes every use ask, so their entries never decide.
+    for cmd in ("docker --version", "docker version", "kubectl --version"):
+        (s,) = analyze(cmd, root, env=env).steps
+        assert (s.level, s.coverable) == (ORDINARY, False), cmd
+
+
+def test_a_version_query_of_a_missing_program_asks(root: Path, tmp_path: Path) -> None:
+    assert analyze("python3 --version", root, env={"PATH": str(tmp_path / "nothing")}).level == ORDINARY
+
+
+# -- NULL_DEVICES -------------------------------------------------------------------------------------
+
+_NULL = ["/dev/null", "/dev/zero", "/dev/full", "/dev/stdout", "/dev/stderr", "/dev/stdin", "/dev/tty",
+         "/dev/random", "/dev/urandom"]
+
+
+def test_null_devices(root: Path, env: dict[str, str]) -> None:
+    # Every sandbox mode lets a command write these: writing one is no write at all, reading
+    # one reads nothing of the machine's.
+    places = Places(root, (), Path("/nonexistent-home"))
+    bad = [d for d in _NULL if places.where(Path(d)) != "null"]
+    assert bad == []
+    expected = {f"echo hi > {d}": SAFE for d in _NULL} | {f"head -c 4 {d}": SAFE for d in _NULL}
+    assert _mismatches(root, env, expected) == []
+
+
+def test_other_devices_are_devices(root: Path, env: dict[str, str]) -> None:
+    assert Places(root, (), Path("/nonexistent-home")).where(Path("/dev/sda")) == "device"
+    a = analyze("echo hi > /dev/sda", root, env=env)
+    assert a.level == DANGEROUS
+
+
+# -- _IGNORABLE ----------------------------------------------------------------------------------------
+
+_HFS_IGNORED = ["\u200c", "\u200d", "\u200e", "\u200f", "\u202a", "\u202b", "\u202c", "\u202d", "\u202e",
+                "\u206a", "\u206b", "\u206c", "\u206d", "\u206e", "\u206f", "\ufeff"]
+
+
+def test_hfs_ignorable_code_points_still_name_git() -> None:
+    bad = [hex(ord(c)) for c in _HFS_IGNORED if not (is_git_name(f".g{c}it") and is_git_name(f"{c}.git{c}"))]
+    assert bad == []
+    # Only those: a letter is a letter (".gXit" is another name).
+    assert [n for n in (".gXit", "X.git", ".gitX", ".g it") if is_git_name(n)] == []
