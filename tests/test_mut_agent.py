@@ -947,3 +947,53 @@ def test_a_summary_exactly_as_long_as_the_conversation_is_not_a_compaction(make)
     events, done = _result(a.compact())
     assert done is False and [e.text for e in events] == [
         "not compacted: the summary was not shorter than the conversation; the conversation is unchanged"]
+
+
+# -- taking over a loaded session -----------------------------------------------------------------
+
+def test_a_cached_system_prompt_is_loaded_and_not_saved_again(make, engine, ws, store) -> None:
+    make()  # the store now holds the system prompt's KV
+    saves: list[str] = []
+
+    class Watching:
+        def saved(self, text: bytes):
+            return store.saved(text)
+
+        def load(self, sha: str, session) -> None:
+            store.load(sha, session)
+
+        def save(self, session, reason: str):
+            saves.append(reason)
+            return store.save(session, reason)
+
+    b = Agent(engine, ws, Policy("yolo"), None)
+    assert b.prime(Watching()) == 0 and saves == []  # a hit is neither prefilled nor written again
+
+
+def test_an_agent_session_is_taken_over_as_it_is(make) -> None:
+    a = make()
+    Script(a, ["ok</think>Hi." + EOS])
+    list(a.run("hello"))
+    a.conv.session.sync(a.conv.transcript.tokens)  # as loading its saved file leaves the KV (the script sampled none)
+    before = (list(a.conv.transcript.tokens), _roles(a), a.conv.system, a.conv.tools)
+    a.conv.dirty = True
+    assert a.adopt_session() == "agent"
+    assert (a.conv.transcript.tokens, _roles(a), a.conv.system, a.conv.tools) == before
+    assert a.conv.dirty is False  # just loaded: nothing to save
+
+
+def test_a_chat_session_continues_under_the_agent_prompt_with_tools(make) -> None:
+    from ds4agent.protocol.transcript import Transcript
+
+    a = make()
+    agent_system = {"role": "system", "content": a.conv.system, "tools": a.conv.tools}
+    chat = Transcript(a.conv.tok, "thinking")
+    chat.append({"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"})
+    a.conv.session.sync(chat.tokens)  # as loading the chat's file would leave the KV
+    assert a.adopt_session() == "chat"
+    assert a.conv.messages == [agent_system, {"role": "user", "content": "hi"}]  # the chat's system gives way
+    assert (a.conv.system, a.conv.tools) == (agent_system["content"], agent_system["tools"])
+    # The KV holds the agent's system prompt (from its snapshot); the chat's message is prefilled next.
+    n = len(a.conv.session.tokens)
+    assert 0 < n < len(a.conv.transcript.tokens) and a.conv.session.tokens == a.conv.transcript.tokens[:n]
+    assert a.conv.dirty is True  # a new agent conversation, not the chat's saved file
