@@ -81,9 +81,10 @@ _GIT_READ_ONLY = [
     "git status", "git diff", "git log", "git show", "git blame src/app.py", "git annotate src/app.py",
     "git rev-parse HEAD", "git ls-files", "git ls-tree HEAD", "git cat-file -p HEAD", "git describe",
     "git shortlog", "git grep foo", "git rev-list HEAD", "git merge-base main dev", "git name-rev HEAD",
-    "git show-ref", "git for-each-ref", "git count-objects", "git version", "git whatchanged",
+    "git show-ref", "git for-each-ref", "git count-objects", "git version --build-options", "git whatchanged",
     "git check-ignore src/app.py", "git check-attr diff src/app.py", "git diff-tree HEAD", "git diff-files",
     "git diff-index HEAD", "git range-diff main...dev", "git cherry", "git var -l", "git help log",
+    # (bare `git version` is also a version query; with an option it is judged as a subcommand)
     # listing forms (see _git_listing)
     "git branch", "git tag", "git remote", "git config --list", "git stash list", "git reflog",
     "git worktree list", "git notes list", "git submodule status", "git symbolic-ref HEAD",
