@@ -314,6 +314,7 @@ _VERSION_QUERY = [
 
 def test_version_queries_are_safe(root: Path, env: dict[str, str]) -> None:
     # Installed outside the workspace (the stubs): `PROG --version` only prints.
+    # (git's entry never decides: its own rule already makes `git --version` inert.)
     assert _mismatches(root, env, {f"{p} --version": SAFE for p in _VERSION_QUERY}) == []
     # ... and nothing else they do is read-only.
     expected = {"python x.py": ORDINARY, "make": ORDINARY, "git --version x": ORDINARY, "pytest -q": ORDINARY}
