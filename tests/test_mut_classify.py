@@ -305,3 +305,31 @@ def test_grep_joined_pattern_then_the_files_are_judged(root: Path, pattern: str)
     assert analyze(f"grep {pattern} src", root).level == SAFE
     a = analyze(f"grep {pattern} src /etc/passwd", root)
     assert a.level == ORDINARY and a.steps[0].reasons == ["names a path outside the workspace (/etc/passwd)"]
+
+
+# -- the shell's own variables set without NAME=value ------------------------------------------------
+
+@pytest.mark.parametrize("command, name", [
+    ("read PATH <<< /tmp; ls", "PATH"), ("read -r -a PATH < f; ls", "PATH"), ("printf -v PATH /tmp; ls", "PATH"),
+    ("getopts a PATH; ls", "PATH"), ("mapfile PATH < f; ls", "PATH"), ("let PATH=1; ls", "PATH"),
+    ("let PATH++; ls", "PATH"), ("((--PATH)); ls", "PATH"), ("echo $((PATH=5)); ls", "PATH"),
+    ("((PATH += 1)); ls", "PATH"), ("echo ${PATH:=/tmp}; ls", "PATH"), (": ${CDPATH=/tmp}; cd src; cat app.py", "CDPATH"),
+    ("for PATH in /tmp; do ls; done", "PATH"), ("select BASH_ENV in x; do bash -c true; done", "BASH_ENV"),
+    ('bash -c "read PATH; ls"', "PATH"), ("PATH[0]=/tmp; ls", "PATH"),
+])
+def test_setting_a_shell_variable_any_way_taints_the_programs(root: Path, command: str, name: str) -> None:
+    # bash looks programs up in PATH when they run: `for PATH in /tmp; do ls; done` runs /tmp/ls.
+    a = analyze(command, root)
+    assert a.level == UNKNOWN
+    assert all(not s.coverable for s in a.steps) and a.steps
+    assert (f"may set {name} (e.g. in arithmetic, a loop or read), which changes what its programs are or read"
+            in a.steps[-1].reasons)
+
+
+@pytest.mark.parametrize("command", [
+    "echo $PATH; ls", "echo ${PATH}; ls", "echo ${PATH:-x}; ls", "grep -rn PATH src", "ls src/PATH",
+    'printf "%s" "$PATH"; ls', "read -r line; ls", "let x=1; ls", '[ "$PATH" = x ] && ls', "ls --HOME src",
+    "git log --oneline -- PATH",
+])
+def test_reading_a_shell_variable_or_naming_it_is_not_setting_it(root: Path, command: str) -> None:
+    assert analyze(command, root).level == SAFE

@@ -343,6 +343,19 @@ _ENV_VALUE_OK = {"GIT_PAGER": {"cat", ""}, "PAGER": {"cat", ""}, "MAKEFLAGS": No
 # Variables the shell itself reads to find programs, directories and startup code.
 _SHELL_ENV = {"PATH", "CDPATH", "HOME", "BASH_ENV", "ENV", "SHELLOPTS", "BASHOPTS", "PS4", "PROMPT_COMMAND",
               "GLOBIGNORE", "BASH_LOADABLES_PATH", "ZDOTDIR", "FPATH"}
+_SHELL_ENV_NAMES = "|".join(sorted(_SHELL_ENV))
+# Ways to set one of those besides NAME=value, which a command's words or grammar do not show as an
+# assignment: arithmetic ((PATH=5)), let, ${PATH:=...}, a for/select loop variable, and builtins that
+# set the variables they name (read, mapfile, getopts, printf -v). A mention in any of those places,
+# quoted or not (the text may be a nested shell's), taints every program of the command: cheap, and
+# it errs towards asking.
+_SETS_SHELL_ENV = re.compile(
+    rf"(?<![\w$.{{/-])({_SHELL_ENV_NAMES})\s*(?:\[[^\]]*\])?\s*(?:[-+*/%&|^]|<<|>>|\*\*)?=(?!=)"
+    rf"|\$\{{({_SHELL_ENV_NAMES}):?="
+    rf"|(?<![\w$])({_SHELL_ENV_NAMES})(?:\+\+|--)(?![\w-])"
+    rf"|(?:\(\(|\blet\b)[^;&|\n]*?(?<![\w$])({_SHELL_ENV_NAMES})\b"
+    rf"|\b(?:for|select)\s+({_SHELL_ENV_NAMES})\b"
+    rf"|\b(?:read|mapfile|readarray|getopts|printf)\b[^;&|\n]*?(?<![\w$/.-])({_SHELL_ENV_NAMES})(?![\w/])")
 
 _SUBCOMMAND_TOOLS = {"git", "npm", "pnpm", "yarn", "bun", "cargo", "go", "docker", "podman", "kubectl", "pip", "pip3",
                      "uv", "poetry", "pipenv", "conda", "mamba", "micromamba", "brew", "apt", "apt-get", "dnf", "yum",
@@ -1727,6 +1740,11 @@ def analyze(command: str, root: Path, *, places: Places | None = None, env: dict
     places = places or Places.for_root(root)
     an = _Analyzer(places, env)
     an.a = Analysis(command)
+    m = _SETS_SHELL_ENV.search(command)
+    if m:
+        name = next(g for g in m.groups() if g)
+        an.dirs_unreliable = an.dirs_unreliable or name in ("CDPATH", "HOME")
+        an.tainted = f"may set {name} (e.g. in arithmetic, a loop or read), which changes what its programs are or read"
     try:
         steps = an.expand(command, "", 0)
     except RecursionError:
