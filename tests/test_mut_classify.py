@@ -333,3 +333,27 @@ def test_setting_a_shell_variable_any_way_taints_the_programs(root: Path, comman
 ])
 def test_reading_a_shell_variable_or_naming_it_is_not_setting_it(root: Path, command: str) -> None:
     assert analyze(command, root).level == SAFE
+
+
+# -- wrappers' options read as the programs do (found while pinning the tables) -------------------
+
+@pytest.mark.parametrize("command, via", [
+    ("ltrace -S rm -rf x", "ltrace"), ("ltrace -x foo rm -rf x", "ltrace"), ("ltrace -l libc.so rm -rf x", "ltrace"),
+    ("xvfb-run -l rm -rf x", "xvfb-run"), ("xvfb-run --error-file log rm -rf x", "xvfb-run"),
+    ("arch -arch x86_64 rm -rf x", "arch"), ("arch -x86_64 rm -rf x", "arch"), ("arch -e FOO=1 -d BAR rm -rf x", "arch"),
+])
+def test_the_program_a_wrapper_runs_is_found_past_its_options(root: Path, command: str, via: str) -> None:
+    a = analyze(command, root)
+    assert [(s.program, s.level, s.via) for s in a.steps] == [("rm", DANGEROUS, via)]
+
+
+@pytest.mark.parametrize("command", ["pwsh -Command 'Remove-Item x'", "pwsh --command ls", "pwsh -e ZQBjAGgAbwA=",
+                                     "powershell -Command ls", "pwsh -EncodedCommand ZQBjAGgAbwA=", "pwsh -ec x",
+                                     "powershell /Command ls", 'pwsh "$mode" ls'])
+def test_powershell_inline_code_in_any_spelling_is_unknown(root: Path, command: str) -> None:
+    a = analyze(command, root)
+    assert a.level == UNKNOWN and not a.steps[0].coverable
+
+
+def test_powershell_running_a_script_is_not_inline_code(root: Path) -> None:
+    assert "inline" not in " ".join(analyze("pwsh -File build.ps1", root).steps[0].reasons)

@@ -220,7 +220,7 @@ _WRAPPER_ARGS = {
                              "--command-timeout", "--chroot", "--other-user"}),
     "doas": ("uC", set()), "flock": ("wEc", {"--timeout", "--conflict-exit-code", "--command"}),
     "strace": ("oeEpPsSuXbaI", {"--output", "--expr", "--attach", "--user", "--trace-path"}),
-    "ltrace": ("oeEpsSuaAn", {"--output"}), "valgrind": ("", set()), "xvfb-run": ("nsfewlp", set()),
+    "ltrace": ("aADeFlnopsuwx", {"--output", "--library", "--config", "--where", "--align", "--indent", "--user"}), "valgrind": ("", set()), "xvfb-run": ("nsfewp", {"--server-num", "--error-file", "--auth-file", "--server-args", "--xauth-protocol"}),
     "time": ("fo", {"--format", "--output"}), "torsocks": ("uaPp", set()), "proxychains": ("f", set()),
     "proxychains4": ("f", set()),
     "systemd-run": ("pEuM", {"--unit", "--property", "--description", "--slice", "--uid", "--gid", "--nice",
@@ -664,6 +664,12 @@ class _Analyzer:
             while rest and rest[0].value and "=" in rest[0].value:
                 rest = rest[1:]
             return rest or None
+        if base == "arch":
+            # macOS arch: -arch NAME, -e VAR=VALUE and -d VAR take the next word; -x86_64, -arm64, -c
+            # ... do not. Its single-dash words are not GNU clusters (-arch is not -a -r -c -h).
+            while args and args[0].value and args[0].value.startswith("-"):
+                args = args[2 if args[0].value in ("-arch", "-e", "-d") else 1:]
+            return args or None
         short, longs = _WRAPPER_ARGS.get(base, ("", set()))
         o = scan(args, short, longs, permute=False)
         return o.operands or None
@@ -755,7 +761,12 @@ class _Analyzer:
             return  # judged with the allowlist (a program text that runs nothing is read-only)
         o = scan(args, "".join(letters.split()) + ("mWXQ" if family == "python" else ""), set(), permute=False)
         inline = [c for c in letters.split() if c in o.shorts]
-        if inline or any(n in INLINE_LONG.get(family, set()) for n in o.longs) or (family == "deno" and o.operands[:1] and o.operands[0].value == "eval"):
+        # PowerShell's parameters are case-insensitive prefixes (-Command, -c, -EncodedCommand, -ec,
+        # -e; /Command on Windows): any -c... or -e... word may be inline code.
+        powershell = family in ("pwsh", "powershell") and any(
+            w.value is None or (w.value[:1] in ("-", "/") and w.value.lstrip("-/")[:1].lower() in ("c", "e")) for w in args)
+        if (inline or powershell or any(n in INLINE_LONG.get(family, set()) for n in o.longs)
+                or (family == "deno" and o.operands[:1] and o.operands[0].value == "eval")):
             step.raise_to(UNKNOWN, f"runs inline {family} code, which is not checked")
             step.coverable = False
             return
