@@ -336,7 +336,7 @@ def test_the_files_after_the_pattern_are_paths(root: Path, tmp_path: Path) -> No
 
 def test_sed_addresses_are_read_only(root: Path, tmp_path: Path) -> None:
     env = _bin(tmp_path, "sed")
-    scripts = ["3p", "1~2p", "$p", "/re/p", "/a\\/b/p", "/re/Ip", "/re/Mp", "/re/IMp", "\\%re%p", "\\%re%Ip",
+    scripts = ["3p", "1~2p", "$p", "/re/p", "/a\\/b/p", "/re/Ip", "/re/Mp", "/re/IMp", "\\%re%p", "\\%a\\%b%Ip",
                "1,5p", "/a/,/b/p", "3,+2p", "3,~4p", "$!d", "2q"]
     bad = []
     for sc in scripts:
@@ -348,6 +348,26 @@ def test_sed_addresses_are_read_only(root: Path, tmp_path: Path) -> None:
         got = _one(f"sed -n {shlex.quote(sc)} notes.txt", root, env)
         want = ((("sed", UNKNOWN, ["the sed script may run commands or write files (e, w, r ...)"], False, None),), [])
         if got != want:
+            bad.append((sc, got))
+    assert bad == []
+
+
+def test_sed_regex_ends_where_sed_ends_it(root: Path, tmp_path: Path) -> None:
+    # GNU sed (4.9, checked by hand): an escaped delimiter and a delimiter inside a bracket
+    # expression do not end an address or an s pattern. Ending the regex there read the rest of it
+    # as commands and missed the real `w FILE` after it: these three wrote ../x, /tmp/x%% and
+    # /tmp/pwn%% and were safe.
+    env = _bin(tmp_path, "sed")
+    bad = []
+    for sc in ["s/[/]/g;/w ../x", "/[/s%]/w /tmp/x%%", "\\%x\\%s%w /tmp/pwn%%", "/[abc/p", "\\[a[p"]:
+        got = _one(f"sed -n {shlex.quote(sc)} notes.txt", root, env)
+        want = ((("sed", UNKNOWN, ["the sed script may run commands or write files (e, w, r ...)"], False, None),), [])
+        if got != want:
+            bad.append((sc, got))
+    for sc in ["/[/]/p", "/[^]/]/p", "/[]/]/,/b/p", "/[[:punct:]/]/p", "/[[.-.]/]/p", "/[[=a=]/]/p",
+               "s/a[/]b/c/g", "s/x/[/g", "\\%[%]%p", "y/[/]/"]:
+        got = _one(f"sed -n {shlex.quote(sc)} notes.txt", root, env)
+        if got != ((("sed", SAFE, [], True, ("sed",)),), []):
             bad.append((sc, got))
     assert bad == []
 

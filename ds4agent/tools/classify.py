@@ -1645,7 +1645,53 @@ def _literal_echo(c: Command) -> str | None:
 # A deliberately small part of sed: addresses (line numbers, $, /regex/, ranges, steps) with
 # p, d, q, =, l, n, N, P, D, h, H, g, G, x, z, labels and branches, y/../../ and s/../../flags
 # without the e and w flags. No w/W/r/R/e commands, no in-place editing.
-_SED_ADDR = r"(?:\d+(?:~\d+)?|\$|/(?:[^/\\\n]|\\.)*/I?M?|\\(.)(?:(?!\1).|\\.)*\1I?M?)"
+# An address: a line number (first~step), the last line, or where a /regex/ or \cregexc starts
+# (its end is found by _sed_regex_end, as sed finds it).
+_SED_ADDR = r"\d+(?:~\d+)?|\$|/|\\([^\\\n\[\]])"
+
+
+def _sed_regex_end(script: str, i: int, d: str) -> int | None:
+    r"""Where the regex that starts at ``i`` ends: just past its closing delimiter ``d``, found as
+    sed finds it, or None when it does not close on this line. A backslash escapes the next
+    character (``\%`` in ``\%a\%b%`` is not the end), and inside a bracket expression (``[/]``,
+    ``[^]/]``, ``[[:punct:]/]``) the delimiter is an ordinary character: ending the regex any
+    earlier would read the rest of it as commands, and its real end (a ``w FILE`` after it)
+    would go unseen."""
+    n = len(script)
+    if d in "[]\\\n":
+        return None
+    while i < n:
+        ch = script[i]
+        if ch == "\\":
+            if i + 1 >= n or script[i + 1] == "\n":
+                return None
+            i += 2
+        elif ch == "\n":
+            return None
+        elif ch == d:
+            return i + 1
+        elif ch == "[":
+            j = i + 1
+            if j < n and script[j] == "^":
+                j += 1
+            if j < n and script[j] == "]":
+                j += 1  # a ] first in the brackets is one of the characters
+            while j < n and script[j] != "]":
+                if script[j] == "\n":
+                    return None
+                if script[j] == "[" and j + 1 < n and script[j + 1] in ":.=":
+                    e = script.find(script[j + 1] + "]", j + 2)
+                    if e < 0:
+                        return None
+                    j = e + 2
+                else:
+                    j += 1
+            if j >= n:
+                return None
+            i = j + 1
+        else:
+            i += 1
+    return None
 
 
 def _sed_safe(args: list[Word]) -> str | None:
@@ -1671,7 +1717,14 @@ def _sed_script_ok(script: str) -> bool:
 
     def addr(i: int) -> int:
         m = re.compile(_SED_ADDR).match(script, i)
-        return m.end() if m else i
+        if not m:
+            return i
+        if m.group(0)[0] not in "/\\":
+            return m.end()
+        end = _sed_regex_end(script, m.end(), m.group(1) or "/")
+        if end is None:
+            return i  # no address: the caller finds no command here either
+        return re.compile(r"I?M?").match(script, end).end()
 
     while i < n:
         while i < n and script[i] in " \t;\n":
@@ -1715,6 +1768,12 @@ def _sed_script_ok(script: str) -> bool:
             if d in "\\\n" or d.isalnum():
                 return False
             parts, k, cur = [], i + 2, []
+            if c == "s":
+                # the pattern is a regex: a delimiter in brackets or escaped does not end it
+                end = _sed_regex_end(script, i + 2, d)
+                if end is None:
+                    return False
+                parts, k = [script[i + 2:end - 1]], end
             while k < n and len(parts) < 2:
                 ch = script[k]
                 if ch == "\\" and k + 1 < n:
