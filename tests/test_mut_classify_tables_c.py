@@ -118,7 +118,11 @@ def test_a_quoted_reserved_word_is_a_program_name(root: Path, tmp_path: Path) ->
     # Quoted, bash never reads the word as syntax: an ordinary (missing) program.
     env = _bin(tmp_path)
     bad = []
-    for cmd, prog in [("env 'then'", "then"), ('env "fi"', "fi"), ("env \\done", "done")]:
+    # Nor in part, nor in $'...' (these were unknown before: the check looked at the first
+    # character only, so th''en and $'then' passed for syntax).
+    for cmd, prog in [("env 'then'", "then"), ('env "fi"', "fi"), ("env \\done", "done"), ("env $'then'", "then"),
+                      ("env th''en", "then"), ("env $'('", "("), ("env $'[['", "[["), ('env $"esac"', "esac"),
+                      ("env i\\f", "if")]:
         got = _one(cmd, root, env)
         if got != (((prog, ORDINARY, [], True, (prog,)),), []):
             bad.append((cmd, got))

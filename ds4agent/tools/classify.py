@@ -837,8 +837,9 @@ class _Analyzer:
             s.coverable = False
             return
         base = os.path.basename(prog)
-        if prog in _RESERVED and not s.argv[0].source.startswith(("'", '"', "\\")):
-            # bash would read this word as syntax: the grammar and bash disagree here
+        if prog in _RESERVED and s.argv[0].source == prog:
+            # bash would read this word as syntax (only a word with no quoting at all is a
+            # reserved word: not 'then', $'then', th''en, \done): the grammar and bash disagree here
             s.raise_to(UNKNOWN, f"the shell grammar could not be followed here ({prog!r} as a program)")
             s.coverable = False
         if self.tainted:
