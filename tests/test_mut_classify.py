@@ -316,6 +316,7 @@ def test_grep_joined_pattern_then_the_files_are_judged(root: Path, pattern: str)
     ("((PATH += 1)); ls", "PATH"), ("echo ${PATH:=/tmp}; ls", "PATH"), (": ${CDPATH=/tmp}; cd src; cat app.py", "CDPATH"),
     ("for PATH in /tmp; do ls; done", "PATH"), ("select BASH_ENV in x; do bash -c true; done", "BASH_ENV"),
     ('bash -c "read PATH; ls"', "PATH"), ("PATH[0]=/tmp; ls", "PATH"),
+    ("printf -v PA\\\nTH /tmp; ls", "PATH"), ("read PA\\\nTH </dev/null; ls", "PATH"), ("let HO\\\nME=5; cd; ls", "HOME"),
 ])
 def test_setting_a_shell_variable_any_way_taints_the_programs(root: Path, command: str, name: str) -> None:
     # bash looks programs up in PATH when they run: `for PATH in /tmp; do ls; done` runs /tmp/ls.

@@ -51,11 +51,10 @@ def test_export_of_a_computed_name_is_unknown(root: Path) -> None:
 
 
 def test_home_set_after_a_line_continuation_makes_later_directories_unknown(root: Path) -> None:
-    # bash joins HO\<newline>ME into HOME; the text pattern does not see it, only the parse's
-    # joined reading does: from then on `cd` may go anywhere, so the last ls runs in a computed
-    # directory (the taint of HOME is there as well).
+    # bash joins HO\<newline>ME into HOME, and so does the check of the text: from then on `cd` may
+    # go anywhere, so the last ls runs in a computed directory (and HOME taints it as well).
     a = analyze("HO\\\nME=/tmp; ls", root)
-    taint = "sets HOME, which changes what the programs after it are or read"
+    taint = "may set HOME (e.g. in arithmetic, a loop or read), which changes what its programs are or read"
     assert a.level == UNKNOWN
     assert _steps(a)[-1] == ("ls", UNKNOWN, [taint, "runs in a directory the shell computes"], "", False)
 

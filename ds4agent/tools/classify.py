@@ -1811,7 +1811,9 @@ def analyze(command: str, root: Path, *, places: Places | None = None, env: dict
     places = places or Places.for_root(root)
     an = _Analyzer(places, env)
     an.a = Analysis(command)
-    m = _SETS_SHELL_ENV.search(command)
+    # bash joins a backslash-newline before it reads a name (PA\<newline>TH is PATH): look at
+    # the joined text too (inside single quotes the pair stays, so the joined text errs to asking).
+    m = _SETS_SHELL_ENV.search(command) or _SETS_SHELL_ENV.search(command.replace("\\\n", ""))
     if m:
         name = next(g for g in m.groups() if g)
         an.dirs_unreliable = an.dirs_unreliable or name in ("CDPATH", "HOME")
