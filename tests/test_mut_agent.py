@@ -559,19 +559,24 @@ def test_a_compaction_that_fails_says_why_and_changes_nothing(make, summary, why
     assert (a.conv.transcript.tokens, _roles(a)) == before
 
 
-def test_a_compaction_stopped_by_the_user_says_so(make) -> None:
-    a = make()
-    _exchanges(a, 1)
-    script = Script(a, ["summary so far: and more text follows" + EOS])
+def _stop_at_step(a: Agent, script: Script, n: int) -> None:
+    """Set the stop flag as the script's ``n``-th sampled step goes out (Ctrl+C while it writes)."""
     real = script.generate
 
     def stopping(*args, **kw):
         for i, step in enumerate(real(*args, **kw)):
-            if i == 2:
+            if i == n:
                 a.conv.stop.set()
             yield step
 
     a.conv.session.generate = stopping
+
+
+def test_a_compaction_stopped_by_the_user_says_so(make) -> None:
+    a = make()
+    _exchanges(a, 1)
+    script = Script(a, ["summary so far: and more text follows" + EOS])
+    _stop_at_step(a, script, 2)
     events, done = _result(a.compact())
     assert done is False and [e.text for e in events] == [
         "not compacted: the summary was interrupted; the conversation is unchanged"]
@@ -893,15 +898,7 @@ def test_mentions_are_read_as_utf8_whatever_the_locale(ws) -> None:
 def test_stopped_while_the_model_writes_is_an_interrupted_stop(make) -> None:
     a = make()
     script = Script(a, ["thinking</think>An answer that goes on and on" + EOS])
-    real = script.generate
-
-    def stopping(*args, **kw):
-        for i, step in enumerate(real(*args, **kw)):
-            if i == 2:
-                a.conv.stop.set()
-            yield step
-
-    a.conv.session.generate = stopping
+    _stop_at_step(a, script, 2)
     events = _quiet(a.run("q"))
     assert [(e.kind, e.text) for e in events[-2:]] == [("interrupted", "interrupted"), ("done", "")]
     assert events[-1].stop == "interrupted"

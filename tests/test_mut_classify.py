@@ -10,26 +10,12 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from classify_fixtures import _no_temp_dirs, root  # noqa: F401 (fixtures: temp_dirs emptied, a git workspace)
 
 import ds4agent.tools.classify as classify
 from ds4agent.tools.classify import DANGEROUS, ORDINARY, SAFE, UNKNOWN, Places, analyze
 
 _REAL_TEMP_DIRS = classify.temp_dirs  # kept before the fixture replaces it
-
-
-@pytest.fixture(autouse=True)
-def _no_temp_dirs(monkeypatch):
-    # The workspace lives under the temporary directory: here it must not count as "tmp".
-    monkeypatch.setattr(classify, "temp_dirs", lambda: ())
-
-
-@pytest.fixture()
-def root(tmp_path: Path) -> Path:
-    r = tmp_path / "repo"
-    (r / "src").mkdir(parents=True)
-    subprocess.run(["git", "init", "-q"], cwd=r, check=True)
-    (r / "src" / "app.py").write_text("x\n")
-    return r
 
 
 def _steps(a: classify.Analysis) -> list[tuple]:

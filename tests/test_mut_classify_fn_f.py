@@ -7,29 +7,14 @@ from __future__ import annotations
 
 import inspect
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from classify_fixtures import _no_temp_dirs, root  # noqa: F401 (fixtures: temp_dirs emptied, a git workspace)
 
 import ds4agent.tools.classify as classify
 from ds4agent.tools.classify import ORDINARY, SAFE, UNKNOWN, analyze
-
-
-@pytest.fixture(autouse=True)
-def _no_temp_dirs(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The workspace lives under the temporary directory: here it must not count as "tmp".
-    monkeypatch.setattr(classify, "temp_dirs", lambda: ())
-
-
-@pytest.fixture()
-def root(tmp_path: Path) -> Path:
-    r = tmp_path / "repo"
-    (r / "src").mkdir(parents=True)
-    subprocess.run(["git", "init", "-q"], cwd=r, check=True)
-    (r / "src" / "app.py").write_text("x\n")
-    return r
 
 
 def _steps(a: classify.Analysis) -> list[tuple]:

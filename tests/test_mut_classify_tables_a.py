@@ -8,29 +8,21 @@ asserts that none does, so one failure shows every entry that broke."""
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
+from classify_fixtures import _no_temp_dirs, root  # noqa: F401 (fixtures: temp_dirs emptied, a git workspace)
 
 import ds4agent.tools.classify as classify
-from ds4agent.tools.classify import DANGEROUS, ORDINARY, SAFE, UNKNOWN, Places, analyze, is_git_name
-
-
-@pytest.fixture(autouse=True)
-def _no_temp_dirs(monkeypatch):
-    # The workspace lives under the temporary directory: here it must not count as "tmp".
-    monkeypatch.setattr(classify, "temp_dirs", lambda: ())
-
-
-@pytest.fixture()
-def root(tmp_path: Path) -> Path:
-    r = tmp_path / "repo"
-    (r / "src").mkdir(parents=True)
-    subprocess.run(["git", "init", "-q"], cwd=r, check=True)
-    (r / "src" / "app.py").write_text("x\n")
-    return r
-
+from ds4agent.tools.classify import (
+    DANGEROUS,
+    ORDINARY,
+    SAFE,
+    UNKNOWN,
+    Places,
+    analyze,
+    is_git_name,
+)
 
 # Programs looked up on PATH by the read-only rules: installed as stubs outside the workspace,
 # so that a verdict never depends on what this machine has (sw_vers, md5, fdfind ...).

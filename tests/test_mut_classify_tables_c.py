@@ -20,27 +20,13 @@ Each test loops over an explicit list and collects every mismatch, so one failur
 from __future__ import annotations
 
 import shlex
-import subprocess
 from pathlib import Path
 
 import pytest
+from classify_fixtures import _no_temp_dirs, root  # noqa: F401 (fixtures: temp_dirs emptied, a git workspace)
 
 import ds4agent.tools.classify as classify
 from ds4agent.tools.classify import DANGEROUS, ORDINARY, SAFE, UNKNOWN, analyze
-
-
-@pytest.fixture(autouse=True)
-def _no_temp_dirs(monkeypatch):
-    # The workspace lives under the temporary directory: here it must not count as "tmp".
-    monkeypatch.setattr(classify, "temp_dirs", lambda: ())
-
-
-@pytest.fixture()
-def root(tmp_path: Path) -> Path:
-    r = tmp_path / "repo"
-    (r / "src").mkdir(parents=True)
-    subprocess.run(["git", "init", "-q"], cwd=r, check=True)
-    return r
 
 
 def _bin(tmp_path: Path, *names: str) -> dict[str, str]:

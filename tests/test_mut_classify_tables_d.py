@@ -12,28 +12,13 @@ collects the commands whose verdict differs and asserts that none does."""
 from __future__ import annotations
 
 import dataclasses
-import subprocess
 from pathlib import Path
 
 import pytest
+from classify_fixtures import _no_temp_dirs, root  # noqa: F401 (fixtures: temp_dirs emptied, a git workspace)
 
 import ds4agent.tools.classify as classify
 from ds4agent.tools.shellparse import Word
-
-
-@pytest.fixture(autouse=True)
-def _no_temp_dirs(monkeypatch):
-    # The workspace lives under the temporary directory: here it must not count as "tmp".
-    monkeypatch.setattr(classify, "temp_dirs", lambda: ())
-
-
-@pytest.fixture()
-def root(tmp_path: Path) -> Path:
-    r = tmp_path / "repo"
-    (r / "src").mkdir(parents=True)
-    subprocess.run(["git", "init", "-q"], cwd=r, check=True)
-    (r / "src" / "app.py").write_text("x\n")
-    return r
 
 
 @pytest.fixture()
