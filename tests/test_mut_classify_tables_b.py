@@ -140,12 +140,12 @@ def test_every_wrapper_is_looked_through(root: Path) -> None:
              ("strace rm -rf x", "strace"), ("ltrace rm -rf x", "ltrace"), ("valgrind rm -rf x", "valgrind"),
              ("catchsegv rm -rf x", "catchsegv"), ("systemd-run rm -rf x", "systemd-run"),
              ("sudo rm -rf x", "sudo"), ("doas rm -rf x", "doas")]
-    bad = []
-    for cmd, via in cases:
-        got = _found(cmd, root)
-        if got != [("rm", DANGEROUS, via)]:
-            bad.append((cmd, got))
-    assert bad == []
+    assert _not_rm_via(cases, root) == []
+
+
+def _not_rm_via(cases: list[tuple[str, str]], root: Path) -> list[tuple]:
+    """The commands not read as one dangerous ``rm`` step found via the given wrapper."""
+    return [(cmd, got) for cmd, via in cases if (got := _found(cmd, root)) != [("rm", DANGEROUS, via)]]
 
 
 def test_builtin_is_looked_through(root: Path) -> None:
@@ -208,12 +208,7 @@ def test_wrapper_flags_do_not_take_a_value(root: Path) -> None:
              ("xvfb-run -a rm -rf x", "xvfb-run"), ("strace -f rm -rf x", "strace"), ("ltrace -f rm -rf x", "ltrace"),
              ("sudo -n rm -rf x", "sudo"), ("torsocks -q rm -rf x", "torsocks"), ("caffeinate -i rm -rf x", "caffeinate"),
              ("systemd-run --user rm -rf x", "systemd-run"), ("stdbuf -oL rm -rf x", "stdbuf")]
-    bad = []
-    for cmd, via in cases:
-        got = _found(cmd, root)
-        if got != [("rm", DANGEROUS, via)]:
-            bad.append((cmd, got))
-    assert bad == []
+    assert _not_rm_via(cases, root) == []
 
 
 # -- _RUNNERS: "always" names what a runner runs ----------------------------------------------------
