@@ -776,3 +776,20 @@ def test_payload_tokens_of_another_length_are_refused_before_the_file_is_read(en
         f.seek(h.payload_offset + PAYLOAD_HEADER.size + 4 * k)
         f.write(struct.pack("<I", other))
     _assert_refused(engine, st, name, "payload tokens do not match the saved text (corrupt)")
+
+
+def test_a_restore_that_disagrees_with_the_payload_ids_is_refused(engine, tmp_path, monkeypatch) -> None:
+    # The last check of a load: the engine's restored tokens must be the payload's ids. No file
+    # can fail it (the ids were read from the same payload), only an engine whose restore is
+    # wrong, so one is simulated: the load is refused and the session rolled back.
+    st, s, name = _saved_conversation(engine, tmp_path)
+    r = engine.session()
+    real = type(r).restore
+
+    def restore_dropping_a_token(self, blob) -> None:
+        real(self, blob)
+        live = self._live
+        self._live = type(live)(live.state, live.tokens, live.n - 1, live.logits)
+
+    monkeypatch.setattr(type(r), "restore", restore_dropping_a_token)
+    _assert_refused(engine, st, name, "payload tokens do not match the saved text (corrupt)")

@@ -105,7 +105,8 @@ class Analysis:
                 out.append(why)
         for s in self.steps:
             if s.level >= level:
-                for why in s.reasons or [f"runs {s.program or '?'}"]:
+                # A step without a program has only redirections (a computed program has a reason).
+                for why in s.reasons or [f"runs {s.program}" if s.argv else "only redirects (no program runs)"]:
                     if why not in out:
                         out.append(why)
         return out
@@ -827,6 +828,8 @@ class _Analyzer:
     def judge(self, s: Step) -> None:
         prog = s.program
         if not s.argv:
+            # Only redirections: no program, but where it runs and what it opens still count.
+            self.reads_and_dirs(s)
             return
         if prog is None:
             s.raise_to(UNKNOWN, f"the program is computed ({s.argv[0].source[:60]})")
@@ -850,7 +853,19 @@ class _Analyzer:
                 # What a variable does to a program is the program's business: not checked.
                 s.raise_to(UNKNOWN, f"sets {name} for {base}, which may change what it runs or reads (not checked)")
                 s.coverable = False
-        # The working directory: a rule or the read-only list only hold inside the workspace.
+        self.reads_and_dirs(s)
+        family = base if base in _SYSTEM else re.split(r"[._]", base)[0]
+        if family in _SYSTEM:
+            why = _SYSTEM[family]
+            if not (family == "crontab" and _only(s, "l")):
+                s.raise_to(DANGEROUS, f"{base}: {why}")
+        self.program_rules(s, base)
+        if s.level < DANGEROUS or s.coverable:
+            s.prefix = self.prefix(s, base)
+
+    def reads_and_dirs(self, s: Step) -> None:
+        """Where ``s`` runs and the files it opens for reading: a rule or the read-only list
+        only hold inside the workspace."""
         for d in self.dirs_of(s):
             if d is None:
                 s.not_coverable("runs in a directory the shell computes")
@@ -864,14 +879,6 @@ class _Analyzer:
                 for where, q in self.places_of(r.target.value, s):
                     if where in ("outside", "device", None):
                         s.not_coverable(f"reads a file outside the workspace ({q})")
-        family = base if base in _SYSTEM else re.split(r"[._]", base)[0]
-        if family in _SYSTEM:
-            why = _SYSTEM[family]
-            if not (family == "crontab" and _only(s, "l")):
-                s.raise_to(DANGEROUS, f"{base}: {why}")
-        self.program_rules(s, base)
-        if s.level < DANGEROUS or s.coverable:
-            s.prefix = self.prefix(s, base)
 
     def program_rules(self, s: Step, base: str) -> None:
         args = s.argv[1:]
@@ -1364,6 +1371,10 @@ class _Analyzer:
     def is_safe(self, s: Step) -> str | None:
         """None when ``s`` is on the read-only allowlist as written; otherwise why not."""
         prog = s.program
+        if not s.argv:
+            # A bare redirection (`> f`, `< f`, `2>&1`) runs no program: it is `: > f` without
+            # the colon, and its targets were judged with every other redirection.
+            return None
         if prog is None:
             return "computed program"
         base = os.path.basename(prog)

@@ -1,0 +1,80 @@
+"""classify.py: what a third, independent mutant sample found untested (issue 22).
+
+Bare redirections (a step with no program), where a symlink under a temporary directory leads,
+and which directories count as temporary."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+import ds4agent.tools.classify as classify
+from classify_fixtures import _no_temp_dirs, root  # noqa: F401
+from ds4agent.tools.classify import DANGEROUS, ORDINARY, SAFE, UNKNOWN, Places, analyze
+
+_REAL_TEMP_DIRS = classify.temp_dirs  # taken before the autouse fixture replaces it
+
+
+@pytest.mark.parametrize("cmd, level, reasons", [
+    # `> f` is `: > f` without the colon: no program runs, so nothing needs an approval of its own.
+    ("> out.txt", SAFE, ["only redirects (no program runs)"]),
+    (">> src/app.py", SAFE, ["only redirects (no program runs)"]),
+    ("< src/app.py", SAFE, ["only redirects (no program runs)"]),
+    ("2>&1", SAFE, ["only redirects (no program runs)"]),
+    # ... but what it opens and where it runs still count, as for any program.
+    ("< /etc/hostname", ORDINARY, ["reads a file outside the workspace (/etc/hostname)"]),
+    ("< $f", ORDINARY, ["reads a computed path ($f)"]),
+    ("cd /etc && < passwd", ORDINARY, ["runs in a directory outside the workspace (/etc)",
+                                        "reads a file outside the workspace (/etc/passwd)"]),
+    ("> /etc/x", DANGEROUS, ["writes outside the workspace (/etc/x)"]),
+    ("> $f", UNKNOWN, ["writes a computed path ($f)"]),
+])
+def test_a_bare_redirection_runs_no_program(root: Path, cmd: str, level: int, reasons: list[str]) -> None:
+    a = analyze(cmd, root)
+    assert (a.level, a.reasons()) == (level, reasons)
+    step = [s for s in a.steps if s.program is None]
+    assert len(step) == 1 and step[0].argv == []
+    # The same redirection after a real program: the step's reasons are that program's.
+    if level == SAFE:
+        assert analyze(f"true {cmd}", root).reasons() == ["runs true"]
+
+
+def test_a_bare_redirection_writes_the_workspace(root: Path) -> None:
+    a = analyze("> out.txt", root)
+    assert a.writes_workspace and a.steps[0].writes
+    assert not analyze("< src/app.py", root).writes_workspace
+
+
+def test_symlinks_under_a_temporary_directory(tmp_path: Path) -> None:
+    ws, tmp, out = tmp_path / "ws", tmp_path / "tmp", tmp_path / "elsewhere"
+    for d in (ws, tmp, out):
+        d.mkdir()
+    (tmp / "leads-out").symlink_to(out)
+    (out / "leads-to-tmp").symlink_to(tmp)
+    (ws / "leads-to-tmp").symlink_to(tmp)
+    p = Places(ws, (tmp,), tmp_path / "home")
+    assert p.where(tmp / "x") == "tmp"
+    # Under tmp by name only: the link leads outside, and that is where the write lands.
+    assert p.where(tmp / "leads-out" / "x") == "outside"
+    # Outside by name, under tmp in fact: still outside (only the workspace's own links count).
+    assert p.where(out / "leads-to-tmp" / "x") == "outside"
+    assert p.where(ws / "leads-to-tmp" / "x") == "tmp"
+    assert p.where(ws / "x") == "inside"
+
+
+def test_the_temporary_directories_always_include_the_system_ones(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    mine = tmp_path / "mytmp"
+    mine.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(mine))
+    monkeypatch.setenv("TMPDIR", str(mine))
+    _REAL_TEMP_DIRS.cache_clear()
+    try:
+        dirs = _REAL_TEMP_DIRS()
+    finally:
+        _REAL_TEMP_DIRS.cache_clear()
+    expect = [Path(os.path.realpath(d)) for d in (mine, "/tmp", "/var/tmp", "/dev/shm") if os.path.isdir(d)]
+    assert list(dirs) == list(dict.fromkeys(expect))
