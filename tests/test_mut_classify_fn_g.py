@@ -78,3 +78,30 @@ def test_the_temporary_directories_always_include_the_system_ones(tmp_path: Path
         _REAL_TEMP_DIRS.cache_clear()
     expect = [Path(os.path.realpath(d)) for d in (mine, "/tmp", "/var/tmp", "/dev/shm") if os.path.isdir(d)]
     assert list(dirs) == list(dict.fromkeys(expect))
+
+
+@pytest.mark.parametrize("cmd, level", [
+    ("git help log", SAFE), ("git help -a", SAFE),
+    # --web starts the configured browser: a program outside any sandbox, never read-only
+    ("git help --web log", ORDINARY), ("git help --we log", ORDINARY), ("git help -w log", ORDINARY),
+    ("git help -aw", ORDINARY),
+])
+def test_git_help_is_read_only_unless_it_starts_a_browser(root: Path, cmd: str, level: int) -> None:
+    assert analyze(cmd, root).level == level
+
+
+@pytest.mark.parametrize("cmd, prefix", [
+    # bun and deno are interpreters and runners: "always" for `bun run` must name the script,
+    # or one answer would cover every script the model writes next.
+    ("bun run build", ("bun", "run", "build")), ("bun x cowsay", ("bun", "x", "cowsay")),
+    ("deno run main.ts", ("deno", "run", "main.ts")), ("deno task dev", ("deno", "task", "dev")),
+    ("deno run -A main.ts", None), ("bun run", None),
+    # their other subcommands and scripts stay (interpreter, word)
+    ("bun test", ("bun", "test")), ("bun main.ts", ("bun", "main.ts")), ("deno test", ("deno", "test")),
+    # uv tool run X names X (`uv tool install` is the subcommand alone, like npm install)
+    ("uv tool run ruff", ("uv", "tool", "run", "ruff")), ("uv tool run --from x ruff", None),
+    ("uv tool run", None), ("uv tool install ruff", ("uv", "tool", "install")), ("uv tool", None),
+])
+def test_runner_prefixes_of_interpreters_and_uv_tool(root: Path, cmd: str, prefix: tuple[str, ...] | None) -> None:
+    (s,) = analyze(cmd, root).steps
+    assert (s.level, s.prefix) == (ORDINARY, prefix)

@@ -307,7 +307,7 @@ GIT_SAFE: dict[str, tuple[str, ...]] = {
     "describe": (), "shortlog": (), "grep": ("--open-files-in-pager", "--ext-grep"), "rev-list": (), "merge-base": (),
     "name-rev": (), "show-ref": (), "for-each-ref": (), "count-objects": (), "version": (), "whatchanged": ("--output",),
     "check-ignore": (), "check-attr": (), "diff-tree": ("--output", "--ext-diff"), "diff-files": ("--output",),
-    "diff-index": ("--output",), "range-diff": ("--output",), "cherry": (), "var": (), "help": (),
+    "diff-index": ("--output",), "range-diff": ("--output",), "cherry": (), "var": (), "help": ("--web",),
     # listing forms only; see _git_listing
     "branch": (), "tag": (), "remote": (), "config": (), "stash": (), "reflog": (), "worktree": (), "notes": (),
     "submodule": (), "symbolic-ref": (),
@@ -1346,6 +1346,14 @@ class _Analyzer:
         if any(v is None for v in vals[:1]):
             return None
         prog = vals[0]
+        # A runner first: bun and deno are interpreters too, and `bun run` alone would cover
+        # every script. `uv tool run X` names X one word later than `uv tool install`.
+        runner = next((r for r in _RUNNERS if r[0] in (prog, base) and (r[1] == "" or (len(vals) > 1 and vals[1] == r[1]))), None)
+        if runner:
+            n = 2 if runner[1] == "" else 4 if runner == ("uv", "tool") and vals[2:3] == ["run"] else 3
+            if len(vals) >= n and all(v and not v.startswith("-") for v in vals[1:n]):
+                return tuple(vals[:n])
+            return None
         fam = _interp(base)
         if fam or base in SHELLS:
             if fam == "python" and len(vals) >= 3 and vals[1] == "-m" and vals[2] and not vals[2].startswith("-"):
@@ -1354,12 +1362,6 @@ class _Analyzer:
                 return (prog, vals[1])
             return None
         key = prog if prog in _SUBCOMMAND_TOOLS or base in _SUBCOMMAND_TOOLS else None
-        runner = next((r for r in _RUNNERS if r[0] in (prog, base) and (r[1] == "" or (len(vals) > 1 and vals[1] == r[1]))), None)
-        if runner:
-            n = 2 if runner[1] == "" else 3
-            if len(vals) >= n and all(v and not v.startswith("-") for v in vals[1:n]):
-                return tuple(vals[:n])
-            return None
         if key:
             if len(vals) >= 2 and vals[1] and not vals[1].startswith("-"):
                 return (prog, vals[1])
@@ -1526,6 +1528,8 @@ class _Analyzer:
                 return f"git {sub} {full}"
         if sub in ("grep",) and "O" in o.shorts:
             return "git grep -O runs a pager"
+        if sub == "help" and "w" in o.shorts:
+            return "git help -w starts a web browser"  # the browser runs outside any sandbox
         listing = _git_listing(sub, o, rest)
         if listing:
             return listing
