@@ -105,3 +105,31 @@ def test_git_help_is_read_only_unless_it_starts_a_browser(root: Path, cmd: str, 
 def test_runner_prefixes_of_interpreters_and_uv_tool(root: Path, cmd: str, prefix: tuple[str, ...] | None) -> None:
     (s,) = analyze(cmd, root).steps
     assert (s.level, s.prefix) == (ORDINARY, prefix)
+
+
+@pytest.mark.parametrize("cmd, why", [
+    # a system program's variants share its stem: before the first dot, or dot or underscore
+    ("mkfs.ext4 disk.img", "mkfs.ext4: writes to disks"), ("/sbin/mkfs.ext4 disk.img", "mkfs.ext4: writes to disks"),
+    ("/usr/sbin/mount.nfs", "mount.nfs: changes mounts or the root directory"),
+    ("pivot_root.x", "pivot_root.x: changes mounts or the root directory"),
+    ("shutdown_now", "shutdown_now: stops the machine"), ("sudo.ws ls", "sudo.ws: runs as another user"),
+    # the exact name stays dangerous wherever it is
+    ("./format", "format: writes to disks"),
+    # the project's own scripts are not (they ask as any program does)
+    ("./format.sh", None), ("format.sh", None), ("scripts/at.py", None), ("./mount.sh --all", None),
+    ("./mkfs.ext4", None), ("batch.PY", None), ("at.sh", None), ("tools/reboot_test", None),
+])
+def test_system_families_and_project_scripts(root: Path, cmd: str, why: str | None) -> None:
+    a = analyze(cmd, root)
+    if why is None:
+        assert (a.level, a.reasons()) == (ORDINARY, [f"runs {cmd.split()[0]}"])
+    else:
+        assert (a.level, a.reasons()) == (DANGEROUS, [why])
+
+
+@pytest.mark.parametrize("ext", ["sh", "bash", "zsh", "fish", "py", "js", "mjs", "cjs", "ts", "rb", "pl", "php", "lua",
+                                 "ps1", "bat", "cmd", "r", "jl", "exs", "tcl", "swift", "kts", "groovy"])
+def test_a_script_extension_is_not_a_system_variant(root: Path, ext: str) -> None:
+    # `at.<ext>` on PATH: a script someone wrote, not a variant of at(1)
+    assert analyze(f"at.{ext}", root).level == ORDINARY
+    assert analyze(f"at.{ext}x", root).level == DANGEROUS  # not a script's extension: at's family

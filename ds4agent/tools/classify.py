@@ -854,7 +854,7 @@ class _Analyzer:
                 s.raise_to(UNKNOWN, f"sets {name} for {base}, which may change what it runs or reads (not checked)")
                 s.coverable = False
         self.reads_and_dirs(s)
-        family = base if base in _SYSTEM else re.split(r"[._]", base)[0]
+        family = base if base in _SYSTEM else _system_family(prog, base)
         if family in _SYSTEM:
             why = _SYSTEM[family]
             if not (family == "crontab" and _only(s, "l")):
@@ -1624,6 +1624,24 @@ def _only(s: Step, letter: str) -> bool:
     args = [w.value for w in s.argv[1:]]
     return letter in "".join(a or "" for a in args) and all(
         a is not None and a.startswith("-") and len(a) > 1 and set(a[1:]) <= set(letter + "u") for a in args)
+
+
+# What a script is named with: `format.sh` or `at.py` is a project's script, not mkfs.ext4's kind.
+_SCRIPT_EXTS = {"sh", "bash", "zsh", "fish", "py", "js", "mjs", "cjs", "ts", "rb", "pl", "php", "lua", "ps1", "bat",
+                "cmd", "r", "jl", "exs", "tcl", "swift", "kts", "groovy"}
+
+
+def _system_family(prog: str, base: str) -> str | None:
+    """The system program a variant belongs to (mkfs.ext4, mount.nfs, sudo.ws, pivot_root.x):
+    its stem before the first dot, or before the first dot or underscore. A program named by a
+    path outside the system directories (./format.sh, scripts/at.py) is the project's own, and
+    a script's extension says the same of a bare name."""
+    if prog != base and not _system_program(prog):
+        return None
+    stem, dot, ext = base.partition(".")
+    if dot and ext.lower() in _SCRIPT_EXTS:
+        return None
+    return next((f for f in (stem, re.split(r"[._]", base)[0]) if f in _SYSTEM), None)
 
 
 def _system_program(prog: str) -> bool:
