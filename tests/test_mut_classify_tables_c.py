@@ -107,12 +107,14 @@ def test_a_quoted_reserved_word_is_a_program_name(root: Path, tmp_path: Path) ->
     # Nor in part, nor in $'...' (these were unknown before: the check looked at the first
     # character only, so th''en and $'then' passed for syntax).
     for cmd, prog in [("env 'then'", "then"), ('env "fi"', "fi"), ("env \\done", "done"), ("env $'then'", "then"),
-                      ("env th''en", "then"), ("env $'('", "("), ("env $'[['", "[["), ('env $"esac"', "esac"),
+                      ("env th''en", "then"), ("env $'('", "("), ("env $'[['", "[["),
                       ("env i\\f", "if")]:
         got = _one(cmd, root, env)
         if got != (((prog, ORDINARY, [], True, (prog,)),), []):
             bad.append((cmd, got))
     assert bad == []
+    # $"esac" is different: the message catalogue decides its text, so the program is computed.
+    assert _one('env $"esac"', root, env) == (((None, UNKNOWN, ['the program is computed ($"esac")'], False, None),), [])
 
 
 # -- _SUBCOMMAND_TOOLS: "always" covers the subcommand --------------------------------------------

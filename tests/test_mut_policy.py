@@ -599,7 +599,7 @@ def test_ansi_c_strings_decode_like_bash() -> None:
 def test_double_quotes_escape_only_five_characters() -> None:
     assert sp._dquote(r"a\$b\`c\"d\\e\q") == 'a$b`c"d\\e\\q'
     assert sp._dquote("a\\\nb") == "ab"
-    assert _words('echo "a\\$b" "x\\qy" $"rm"') == [["echo", "a$b", "x\\qy", "rm"]]
+    assert _words('echo "a\\$b" "x\\qy" $"rm"') == [["echo", "a$b", "x\\qy", None]]  # $"": catalogue text
 
 
 def test_words_globs_braces_and_tildes(monkeypatch, tmp_path) -> None:

@@ -76,6 +76,10 @@ def test_depth_boundary_of_a_plain_command() -> None:
         ("( a ) && b", 5),
         # if a; then b; fi: condition a and then-body b both at D+1 -> words at D+3.
         ("if a; then b; fi", 4),
+        # The same with the condition, then the body, one subshell deeper: D+1 -> a at D+2 ->
+        # word D+4 (each edge on its own decides the deepest check).
+        ("if ( a ); then b; fi", 5),
+        ("if a; then ( b ); fi", 5),
         # [[ $(a) ]]: test_command D -> _sequence -> statement(command_substitution) D+1 ->
         # statement(a) D+2 -> word D+4.
         ("[[ $(a) ]]", 5),
@@ -342,3 +346,22 @@ def test_background_job_as_the_last_part_of_a_case_item() -> None:
 def test_braces_without_comma_after_a_comma_are_literal() -> None:
     # a,{b}: the only brace pair holds "b" (no comma, no ..): bash leaves the word as is.
     assert words(parse("echo a,{b}").commands[0]) == ["echo", "a,{b}"]
+
+
+def test_a_translated_string_argument_is_computed_like_the_assigned_one() -> None:
+    # $"..." goes through the locale's message catalogue, so its text is not static. As an
+    # argument the grammar puts the `$` beside the string (not over it, as in x=$"abc"); the
+    # walker once read it as the plain string "hello", and inside a word as a literal `$`.
+    s = parse('echo $"hello" a$"b" $"" "$""c"')
+    (cmd,) = s.commands
+    assert [(w.value, w.source) for w in cmd.words] == [
+        ("echo", "echo"), (None, '$"hello"'), (None, 'a$"b"'), (None, '$""'), ("$c", '"$""c"')]
+    # what runs inside one still counts
+    assert names(parse('echo $"$(rm -rf x)"')) == [["rm", "-rf", "x"], ["echo", None]]
+
+
+def test_a_lone_dollar_is_a_literal_argument() -> None:
+    # `echo $ x` prints "$ x": the grammar gives the `$` no named node, and the walker dropped it.
+    assert names(parse("echo $ x")) == [["echo", "$", "x"]]
+    assert names(parse("echo a $")) == [["echo", "a", "$"]]
+    assert names(parse('echo $ "b"')) == [["echo", "$", "b"]]

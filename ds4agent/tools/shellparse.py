@@ -230,6 +230,8 @@ class _Walker:
         subst: list[Command] = []
         parts = self._pieces(node, depth, subst)
         source = self.text(node)
+        if node.type == "string" and _translated(node):
+            source = "$" + source  # the `$` is the string's sibling in the grammar
         w = Word(None, source, subst=subst)
         if node.type == "process_substitution":
             w.procsub = "<" if source.startswith("<") else ">"
@@ -286,7 +288,13 @@ class _Walker:
             return [(self.text(node)[1:-1], True)]
         if t == "ansi_c_string":
             return [(_ansi_c(self.text(node)[2:-1]), True)]
-        if t in ("string", "translated_string"):
+        if t == "string" and _translated(node):
+            # $"..." is looked up in the locale's message catalogue (TEXTDOMAIN): its text could
+            # become anything, so it is computed, whether the grammar hangs the `$` over the
+            # string (translated_string, in an assignment) or beside it (an argument).
+            self._collect(node, depth + 1, subst)
+            return None
+        if t == "string":
             ok = True
             for c in node.named_children:
                 if c.type != "string_content":
@@ -294,9 +302,7 @@ class _Walker:
                     ok = False
             if not ok:
                 return None
-            raw = self.text(node)
-            raw = raw[2:-1] if t == "translated_string" else raw[1:-1]
-            return [(_dquote(raw), True)]
+            return [(_dquote(self.text(node)[1:-1]), True)]
         if t == "concatenation":
             pieces = []
             ok = True
@@ -529,7 +535,14 @@ class _Walker:
         words: list[Word] = []
         assigns: list[tuple[str, Word]] = []
         reds: list[Redirect] = []
-        for c in node.named_children:
+        for c in node.children:
+            if not c.is_named:
+                # A lone `$` (echo $ x) is the grammar's only unnamed argument: a literal
+                # word. Right before a string it is the $"..." prefix, which word() reads.
+                nxt = c.next_sibling
+                if c.type == "$" and not (nxt is not None and nxt.type == "string" and _translated(nxt)):
+                    words.append(Word("$", "$"))
+                continue
             if c.type in ("variable_assignment", "variable_assignments"):
                 assigns += self.assignments(c, depth + 1)
             elif c.type.endswith("_redirect"):
@@ -639,6 +652,12 @@ def _has_brace_expansion(unquoted: str) -> bool:
                 if "," in inner or ".." in inner:
                     return True
     return False
+
+
+def _translated(node) -> bool:
+    """Whether a string node is the body of $"...": a `$` right before it, with no gap."""
+    prev = node.prev_sibling
+    return prev is not None and prev.type == "$" and prev.end_byte == node.start_byte
 
 
 def _unquoted_chars(node, walker: _Walker) -> str:
