@@ -102,6 +102,15 @@ def test_depth_boundary_of_a_plain_command() -> None:
         # A heredoc body's $(a): redirect(D) -> _collect D+1 -> statement(a) D+2 -> word D+4.
         # (The text ends in a newline so that the closing " )" of nest() is not on the EOF line.)
         ("cat <<EOF\n$(a)\nEOF\n", 5),
+        # x=a y=$(b): variable_assignments D -> assignments(y=..., D+1) -> word D+2 -> _collect
+        # D+3 -> statement(b) D+4 -> word D+6 (one more than x=$(a): the list is a level).
+        ("x=a y=$(b)", 7),
+        # cat <<<$(b): the here-string is the command's child: redirect(D+1) -> word D+2 ->
+        # _collect D+3 -> statement(b) D+4 -> word D+6.
+        ("cat <<<$(b)", 7),
+        # cat <<EOF >$(b): the grammar nests >$(b) in the heredoc redirect: redirect(D) ->
+        # redirect(D+1) -> word D+2 -> _collect D+3 -> statement(b) D+4 -> word D+6.
+        ("cat <<EOF >$(b)\nEOF\n", 7),
     ],
 )
 def test_depth_boundary_along_each_edge(inner: str, k: int) -> None:
@@ -365,3 +374,23 @@ def test_a_lone_dollar_is_a_literal_argument() -> None:
     assert names(parse("echo $ x")) == [["echo", "$", "x"]]
     assert names(parse("echo a $")) == [["echo", "a", "$"]]
     assert names(parse('echo $ "b"')) == [["echo", "$", "b"]]
+
+
+def test_a_heredoc_delimiter_is_quoted_only_by_quotes_or_a_backslash() -> None:
+    # Letters in the delimiter (X, Q) quote nothing: the body is expanded and $(...) runs.
+    for delim in ("XEOF", "QX", "X_X"):
+        s = parse(f"cat <<{delim}\n$(rm -rf x)\n{delim}\n")
+        assert names(s) == [["rm", "-rf", "x"], ["cat"]], delim
+        assert s.commands[1].stdin_text is None
+    for delim in ("'XEOF'", '"X"', "\\X"):
+        end = delim.strip("'\"\\")
+        s = parse(f"cat <<{delim}\n$(rm -rf x)\n{end}\n")
+        assert names(s) == [["cat"]], delim
+        assert s.commands[0].stdin_text == "$(rm -rf x)\n"
+
+
+def test_standard_input_from_a_computed_dup_target() -> None:
+    # <&$X, 0<&$X: $X may name a file (not a descriptor), so it is read as standard input;
+    # 1<&$X or 3<&$X give another descriptor and leave standard input alone.
+    assert [parse(f"cat {r}").commands[0].stdin for r in ("<&$X", "0<&$X", "1<&$X", "3<&$X", "<&3", "0<&-")] == [
+        "file", "file", "", "", "", ""]

@@ -478,8 +478,6 @@ class _Walker:
                     red.cwd = self.merge(red.cwd, lost)
                 self.state = self.merge(first, self.state, lost)
             return out
-        if t in ("comment", "heredoc_body", "heredoc_start", "heredoc_end"):
-            return []
         if t in ("word", "string", "raw_string", "concatenation", "simple_expansion", "expansion",
                  "command_substitution", "process_substitution", "arithmetic_expansion", "number", "array",
                  "ansi_c_string", "translated_string", "brace_expression", "extglob_pattern"):
@@ -491,7 +489,8 @@ class _Walker:
                 return out
             self.word(node, depth + 1)
             return []
-        # Programs, groups, do-groups, clauses, tests, arithmetic: walk all parts in order.
+        # Programs, groups, do-groups, clauses, tests, arithmetic: walk all parts in order. (A
+        # comment has no parts; heredoc nodes only come under a heredoc_redirect, see redirect().)
         return self._sequence(node, depth)
 
     def _sequence(self, node, depth: int) -> list[Command]:
@@ -543,7 +542,7 @@ class _Walker:
                 if c.type == "$" and not (nxt is not None and nxt.type == "string" and _translated(nxt)):
                     words.append(Word("$", "$"))
                 continue
-            if c.type in ("variable_assignment", "variable_assignments"):
+            if c.type == "variable_assignment":  # a=1 b=2 cmd: one node each, never a list
                 assigns += self.assignments(c, depth + 1)
             elif c.type.endswith("_redirect"):
                 r, more = self.redirect(c, depth + 1)
@@ -632,9 +631,8 @@ class _Walker:
             return None, []
         target = self.word(dests[0], depth + 1)
         extra = [self.word(d, depth + 1) for d in dests[1:]]
+        # A dup names a descriptor (2>&1, <&-); a computed target (`>&$X`) may be a file.
         dup = op in (">&", "<&") and target.value is not None and (target.value.isdigit() or target.value == "-")
-        if op in (">&", "<&") and target.value is None:
-            dup = False  # `>&$X`: may be a file
         return Redirect(op, fd, target, dup=dup, cwd=self.state), extra
 
 
