@@ -248,6 +248,14 @@ _SYSTEM = {
 }
 # Programs that hand work to a daemon running outside the sandbox (containers, terminal
 # multiplexers, the service manager, the desktop): confined or not, the result is not.
+# Programs whose operands are the files they make, change or remove, with the options that
+# take a value (touch -d "2 days ago" f: the date is not a file; touch -r REF only reads REF).
+_MAKES_FILES = {"rmdir": ("", set()), "unlink": ("", set()), "tee": ("", set()),
+                "touch": ("drt", {"--date", "--reference", "--time"}), "truncate": ("sr", {"--size", "--reference"}),
+                "mkdir": ("m", {"--mode"}), "mkfifo": ("m", {"--mode"}), "mknod": ("m", {"--mode"}),
+                "shred": ("ns", {"--iterations", "--size", "--random-source"})}
+# tar's short options that take a value, which old-style bundles (tar cbf 20 a.tar) take in order.
+_TAR_OLD_VALUES = set("bCfFgHIKLNTVX")
 _SERVICES = {"docker", "podman", "nerdctl", "colima", "lima", "limactl", "kubectl", "tmux", "screen", "byobu",
              "systemd-run", "open", "osascript", "dbus-send", "busctl", "gdbus", "qdbus", "xdg-open", "gio",
              "ssh-agent", "gpg-connect-agent", "xdotool", "ydotool", "wmctrl", "code", "emacsclient", "nvr"}
@@ -582,9 +590,15 @@ class _Analyzer:
                 return None
             while args and args[0].value == "-p":
                 args = args[1:]
+            if args and args[0].value == "--":  # command -- rm: bash's builtins end options at --
+                args = args[1:]
             return args or None
         if base in ("builtin", "coproc", "nohup", "setsid", "unbuffer", "catchsegv", "valgrind"):
             while args and args[0].value and args[0].value.startswith("-") and base in ("setsid", "valgrind"):
+                args = args[1:]
+            if args and args[0].value == "--" and base in ("builtin", "nohup"):
+                # nohup -- rm: GNU nohup and bash's builtin take -- as the end of (their no)
+                # options; timeout 5 --, flock f --, taskset 1 -- really run a program named --.
                 args = args[1:]
             return args or None
         if base == "busybox":
@@ -848,7 +862,10 @@ class _Analyzer:
         if self.tainted:
             s.raise_to(UNKNOWN, self.tainted)
             s.coverable = False
-        for name, value in s.assigns:
+        # A declaration's assignments (export X=1, local x=$1) are the variables it declares, not
+        # an environment for it: what they do to later programs is assignment()'s business.
+        declared = s.cmd is not None and s.cmd.kind == "declaration"
+        for name, value in ([] if declared else s.assigns):
             if not _env_ok(name, value):
                 # What a variable does to a program is the program's business: not checked.
                 s.raise_to(UNKNOWN, f"sets {name} for {base}, which may change what it runs or reads (not checked)")
@@ -893,8 +910,8 @@ class _Analyzer:
                 s.raise_to(DANGEROUS, "delete without root protection")
             self.option_risk(s, o, "rm")
             self.writes(s, o.operands, "deletes")
-        elif base in ("rmdir", "unlink", "touch", "mkdir", "truncate", "mkfifo", "mknod", "tee", "shred"):
-            o = scan(args, "srSm" if base in ("truncate", "touch", "mkdir", "mknod") else "", {"--size", "--reference", "--mode", "--date"})
+        elif base in _MAKES_FILES:
+            o = scan(args, *_MAKES_FILES[base])
             self.writes(s, o.operands, "writes")
             if base == "tee":
                 s.prefix = None
@@ -968,17 +985,31 @@ class _Analyzer:
         elif base in ("tar", "bsdtar", "gtar"):
             o = scan(args, "fCIT", {"--file", "--directory", "--use-compress-program", "--to-command", "--files-from",
                                     "--checkpoint-action", "--info-script", "--new-volume-script", "--rsh-command"})
-            if opt_values(o, "-I", "--use-compress-program", "--to-command", "--checkpoint-action", "--info-script",
-                          "--new-volume-script", "--rsh-command") or any(
-                    has_long(o, x) for x in ("--to-command", "--use-compress-program", "--checkpoint-action")):
+            first = vals[0] if vals else ""
+            # Old style (tar cf out.tar src, tar xfC a.tar dir): a first word of letters without a
+            # dash, each letter that takes a value taking the next word, in order.
+            old: dict[str, list[Word]] = {}
+            if first and first.isalpha():
+                rest = iter(args[1:])
+                for ch in first:
+                    w = next(rest, None) if ch in _TAR_OLD_VALUES else None
+                    if w is not None:
+                        old.setdefault(ch, []).append(w)
+
+            def given(short: str, *longs: str) -> list[Word]:
+                return opt_values(o, "-" + short, *longs) + old.get(short, [])
+
+            if given("I", "--use-compress-program") or opt_values(o, "--to-command", "--checkpoint-action", "--info-script",
+                                                                  "--new-volume-script", "--rsh-command"):
                 s.raise_to(UNKNOWN, "tar runs a program given in its options")
                 s.coverable = False
-            first = vals[0] if vals else ""
-            modes = set((first or "").lstrip("-")) if first and not first.startswith("--") else set()
-            if "x" in o.shorts or "x" in modes or has_long(o, "--extract") or has_long(o, "--get"):
-                self.writes(s, opt_values(o, "-C", "--directory"), "extracts into")
-            if "c" in o.shorts or "c" in modes or "r" in modes or "u" in modes or has_long(o, "--create"):
-                self.writes(s, opt_values(o, "-f", "--file"), "writes")
+            letters = set(o.shorts) | (set(first.lstrip("-")) if first and not first.startswith("--") else set())
+            if "x" in letters or has_long(o, "--extract") or has_long(o, "--get"):
+                self.writes(s, given("C", "--directory"), "extracts into")
+            # c creates the archive; r, u, A (append, update, catenate) and --delete change it in place
+            if letters & set("cruA") or any(has_long(o, x) for x in ("--create", "--append", "--update", "--catenate",
+                                                                     "--concatenate", "--delete")):
+                self.writes(s, given("f", "--file"), "writes")
         elif base in ("unzip", "7z", "7za"):
             o = scan(args, "d", {"--directory"})
             self.writes(s, opt_values(o, "-d"), "extracts into")
@@ -1181,7 +1212,8 @@ class _Analyzer:
             if "f" in o.shorts or has_long(o, "--force"):
                 danger = "git rm -f discards uncommitted changes"
         elif sub == "worktree":
-            if o.operands and o.operands[0].value in ("remove", "prune") and ("f" in o.shorts or has_long(o, "--force")):
+            # remove -f drops a dirty or locked worktree (prune has no -f: it only forgets missing ones)
+            if o.operands and o.operands[0].value == "remove" and ("f" in o.shorts or has_long(o, "--force")):
                 danger = "removes a worktree with its changes"
         elif sub == "submodule":
             if o.operands and o.operands[0].value == "deinit" and ("f" in o.shorts or has_long(o, "--force") or has_long(o, "--all")):
@@ -1410,7 +1442,9 @@ class _Analyzer:
         if base == "sed":
             return _sed_safe(args)
         if base in ("awk", "gawk", "mawk", "nawk"):
-            return None if s.level == ORDINARY and not s.reasons else "awk program not read-only"
+            # awk() raised whatever it found (a program file, system, |, >) above ORDINARY, which
+            # never gets here; any other reason is someone else's finding and still counts.
+            return None if not s.reasons else "awk program not read-only"
         if base == "env":
             return None if not args else "env runs a command"
         if base in ("uniq", "xxd"):
@@ -1801,24 +1835,21 @@ def _sed_script_ok(script: str) -> bool:
             d = script[i + 1]
             if d in "\\\n" or d.isalnum():
                 return False
-            parts, k, cur = [], i + 2, []
+            # Only where the command ends matters (what follows it is read next), not its text.
+            k, left = i + 2, 2  # y: two lists; s: a pattern and a replacement
             if c == "s":
                 # the pattern is a regex: a delimiter in brackets or escaped does not end it
-                end = _sed_regex_end(script, i + 2, d)
-                if end is None:
+                k = _sed_regex_end(script, i + 2, d)
+                if k is None:
                     return False
-                parts, k = [script[i + 2:end - 1]], end
-            while k < n and len(parts) < 2:
-                ch = script[k]
-                if ch == "\\" and k + 1 < n:
-                    cur.append(script[k:k + 2])
+                left = 1
+            while k < n and left:
+                if script[k] == "\\" and k + 1 < n:
                     k += 2
                     continue
-                if ch == d:
-                    parts.append("".join(cur))
-                    cur = []
+                left -= script[k] == d
                 k += 1
-            if len(parts) < 2:
+            if left:
                 return False
             flags = re.compile(r"[gpiImM0-9]*").match(script, k) if c == "s" else None
             i = flags.end() if flags else k
