@@ -99,7 +99,8 @@ def test_init_runlevels_that_stop_the_machine(root: Path, word: str) -> None:
 
 @pytest.mark.parametrize("cmd", ["tar --use-compress-program=gzip -cf a.tar src", "tar --use-compress gzip -cf a.tar src",
                                  "tar -I gzip -cf a.tar src", "tar cIf gzip a.tar src", "tar --to-command=sh -xf a.tar",
-                                 "tar --checkpoint-action=exec=sh -cf a.tar src"])
+                                 "tar --checkpoint-action=exec=sh -cf a.tar src", "tar --info-script=x -cf a.tar src",
+                                 "tar --new-volume-script=x -cf a.tar src", "tar --rsh-command=x -cf h:a.tar src"])
 def test_tar_options_that_run_a_program(root: Path, cmd: str) -> None:
     assert judged(cmd, root) == (UNKNOWN, ["tar runs a program given in its options"])
 
@@ -107,6 +108,7 @@ def test_tar_options_that_run_a_program(root: Path, cmd: str) -> None:
 @pytest.mark.parametrize("cmd", [
     "tar --extract -f a.tar -C /etc", "tar --get -f a.tar -C /etc", "tar -x -f a.tar -C /etc", "tar xf a.tar -C /etc",
     "tar xfC a.tar /etc",  # old style: C takes the word after f's
+    "tar -x -f a.tar --directory /etc", "tar -x -f a.tar --directory=/etc", "tar -x -f a.tar --dir=/etc",
 ])
 def test_tar_extracts_into_a_directory(root: Path, cmd: str) -> None:
     level, reasons = judged(cmd, root)
@@ -125,7 +127,14 @@ def test_tar_modes_that_write_the_archive(root: Path, cmd: str) -> None:
     assert level == DANGEROUS and "writes outside the workspace (/etc/a.tar)" in reasons
 
 
-@pytest.mark.parametrize("cmd", ["tar tf /etc/a.tar", "tar -tvf /etc/a.tar", "tar --list -f /etc/a.tar"])
+@pytest.mark.parametrize("cmd", ["tar tf /etc/a.tar", "tar -tvf /etc/a.tar", "tar --list -f /etc/a.tar",
+                                 # long names are not letter bundles: --compare has c and r, but only reads
+                                 "tar --compare -f /etc/a.tar", "tar --diff --recursion -f /etc/a.tar",
+                                 # -X names a file of exclusions (read), not a mode
+                                 "tar -t -X excl -f /etc/a.tar", "tar tXf excl /etc/a.tar",
+                                 # in a dashed bundle a value letter takes the rest of the word:
+                                 # -xCf extracts into the directory "f" (and /etc is a member name)
+                                 ])
 def test_tar_listing_only_reads_the_archive(root: Path, cmd: str) -> None:
     level, reasons = judged(cmd, root)
     assert (level, reasons) == (ORDINARY, ["names a path outside the workspace (/etc/a.tar)"])
@@ -227,6 +236,41 @@ def test_sed_without_a_script_is_not_read_only(root: Path) -> None:
     ("s/abc", False), ("/abc", False), ("/abc/p", True), ("s/a/b", False), ("s/a/b/", True),
     ("y/ab/cd", False), ("y/ab/cd/", True), ("y/a\\/b/c\\/d/", True), ("s/a/b\\/c/g", True),
     ("s/a/b/w out", False), ("s/[/]/x/;w out", False), ("s/a/b/;p", True),
+    # a separator then w: skipping two characters would read `wp` (write to file p) as `p`
+    (";wp", False), ("\nwp", False),
+    # an address with no command after it (the check must not read past the end)
+    ("1", False), ("/x/", False), ("1!", False), ("$", False), ("1,3", False),
+    # s or y as the last character
+    ("s", False), ("y", False), ("1s", False),
+    # y's lists start right after the delimiter: empty lists are two delimiters
+    ("y///", True), ("y//", False),
+    # an escaped delimiter second to last leaves the replacement open
+    ("s/a/b\\/", False), ("y/a/b\\/", False), ("s/a/b\\", False),
 ])
 def test_sed_script_subset(script: str, ok: bool) -> None:
     assert _sed_script_ok(script) is ok
+
+
+@pytest.mark.parametrize("prog", ["rmdir", "unlink", "tee", "touch", "truncate -s 0", "mkdir", "mkfifo", "mknod",
+                                  "shred"])
+def test_each_file_maker_writes_its_operand(root: Path, prog: str) -> None:
+    level, reasons = judged(f"{prog} /etc/x", root)
+    assert level == DANGEROUS and "writes outside the workspace (/etc/x)" in reasons
+
+
+@pytest.mark.parametrize("cmd", ["touch --date $V out.txt", "touch --reference $V out.txt", "touch --time $V out.txt",
+                                 "touch -r $V out.txt", "truncate --size $V out.txt", "truncate --reference $V out.txt",
+                                 "truncate -r $V out.txt", "mkdir --mode $V d", "mkfifo --mode $V p",
+                                 "mknod --mode $V p p 1 2", "mknod -m $V p p 1 2", "shred --iterations $V out.txt",
+                                 "shred --size $V out.txt", "shred --random-source $V out.txt"])
+def test_each_value_option_of_a_file_maker_takes_the_next_word(root: Path, cmd: str) -> None:
+    # Read as a flag, the option would leave $V as an operand: "writes a computed path ($V)".
+    assert not any("computed path" in r for r in judged(cmd, root)[1])
+
+
+def test_a_dashed_bundle_gives_a_value_letter_the_rest_of_the_word(root: Path) -> None:
+    # tar -xCf /etc a.tar: -C takes "f" (GNU getopt), so /etc is a member to extract, not the
+    # directory; only old-style bundles without a dash hand values out word by word.
+    level, reasons = judged("tar -xCf /etc a.tar", root)
+    assert not any(r.startswith("extracts into") for r in reasons), reasons
+    assert judged("tar xCf /etc a.tar", root)[0] == DANGEROUS

@@ -1443,8 +1443,9 @@ class _Analyzer:
             return _sed_safe(args)
         if base in ("awk", "gawk", "mawk", "nawk"):
             # awk() raised whatever it found (a program file, system, |, >) above ORDINARY, which
-            # never gets here; any other reason is someone else's finding and still counts.
-            return None if not s.reasons else "awk program not read-only"
+            # never gets here; what else a step can carry at ORDINARY (a path outside, a computed
+            # directory) made it not coverable, so it is not waved through either.
+            return None
         if base == "env":
             return None if not args else "env runs a command"
         if base in ("uniq", "xxd"):
@@ -1844,7 +1845,7 @@ def _sed_script_ok(script: str) -> bool:
                     return False
                 left = 1
             while k < n and left:
-                if script[k] == "\\" and k + 1 < n:
+                if script[k] == "\\":  # escapes the next character (a last one: the loop ends)
                     k += 2
                     continue
                 left -= script[k] == d
