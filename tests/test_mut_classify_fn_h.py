@@ -274,3 +274,12 @@ def test_a_dashed_bundle_gives_a_value_letter_the_rest_of_the_word(root: Path) -
     level, reasons = judged("tar -xCf /etc a.tar", root)
     assert not any(r.startswith("extracts into") for r in reasons), reasons
     assert judged("tar xCf /etc a.tar", root)[0] == DANGEROUS
+
+
+def test_what_the_parser_fixes_change_in_the_judgement(root: Path) -> None:
+    # A backquoted command in a heredoc was invisible (level SAFE); a cd in a test's $(...)
+    # moved the next write to /tmp (where .git/hooks is not this repository's).
+    assert judged("cat <<EOF\n`rm -rf x`\nEOF", root) == (
+        UNKNOWN, ["a heredoc runs a command substitution the checker cannot follow"])
+    assert judged("[[ $(cd /tmp) ]]; echo x > .git/hooks/pre-commit", root) == (
+        DANGEROUS, ["writes inside .git (.git/hooks/pre-commit)"])

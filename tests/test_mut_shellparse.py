@@ -394,3 +394,42 @@ def test_standard_input_from_a_computed_dup_target() -> None:
     # 1<&$X or 3<&$X give another descriptor and leave standard input alone.
     assert [parse(f"cat {r}").commands[0].stdin for r in ("<&$X", "0<&$X", "1<&$X", "3<&$X", "<&3", "0<&-")] == [
         "file", "file", "", "", "", ""]
+
+
+@pytest.mark.parametrize("text", ["[[ $(cd /tmp) ]]; ls", "case $(cd /tmp) in a) :;; esac; ls",
+                                  "for f in <(cd /tmp); do :; done; ls", "[[ -n $(cd /tmp) ]]; ls"])
+def test_a_substitution_in_a_test_list_or_case_word_is_a_subshell(text: str) -> None:
+    # Its cd stays inside: the last ls runs where the command started (it was placed in /tmp,
+    # so `echo x > .git/hooks/pre-commit` after it looked like a write under /tmp).
+    s = parse(text)
+    assert s.commands[-1].words[0].value == "ls" and s.commands[-1].cwd == frozenset({()})
+    # inside the substitution the cd still counts for what follows it there
+    inner = parse("[[ $(cd x; ls) ]]").commands
+    assert [c.name for c in inner] == ["cd", "ls"] and len(next(iter(inner[1].cwd))) == 1
+
+
+def test_a_closed_descriptor_is_not_its_own_target() -> None:
+    # 3>&- closes descriptor 3: the grammar gives no destination, and the descriptor node (a new
+    # Python object on each access, so an identity test never matched) was taken for one.
+    s = parse("cat 3>&-")
+    assert [(r.op, r.fd, r.target) for r, _ in s.redirects] == []
+    assert s.problems == ["a redirection without a target ('3>&-')"]
+
+
+@pytest.mark.parametrize("body", ["`rm -rf x`", " $(rm -rf x)", "\t$(rm -rf x)", "a `rm -rf x` b"])
+def test_a_heredoc_substitution_the_grammar_leaves_as_text_is_a_problem(body: str) -> None:
+    # bash runs `...` and an indented $(...) in an unquoted heredoc; the grammar sees plain text.
+    s = parse(f"cat <<EOF\n{body}\nEOF\n")
+    assert s.problems == ["a heredoc runs a command substitution the checker cannot follow"]
+    assert s.commands[-1].stdin_text is None
+    # quoted, it is text
+    q = parse(f"cat <<'EOF'\n{body}\nEOF\n")
+    assert q.problems == [] and q.commands[0].stdin_text == body + "\n"
+
+
+def test_a_heredoc_keeps_the_first_lines_leading_blanks() -> None:
+    # The grammar's body node starts after them; the text bash feeds keeps them.
+    assert parse("cat <<EOF\n  hello\n world\nEOF\n").commands[0].stdin_text == "  hello\n world\n"
+    # a substitution the grammar did parse is walked as before, with nothing reported
+    s = parse("cat <<EOF\na $(rm x) b\nEOF\n")
+    assert names(s) == [["rm", "x"], ["cat"]] and s.problems == []

@@ -483,10 +483,13 @@ class _Walker:
                  "ansi_c_string", "translated_string", "brace_expression", "extglob_pattern"):
             # A word in a for list, a case value, a test: only what it runs matters.
             if t in ("command_substitution", "process_substitution"):
-                out: list[Command] = []
-                for c in node.named_children:
-                    out += self.statement(c, depth + 1)
-                return out
+                # a subshell, as everywhere else: `[[ $(cd /tmp) ]]; ls` lists where it started
+                def inside() -> list[Command]:
+                    out: list[Command] = []
+                    for c in node.named_children:
+                        out += self.statement(c, depth + 1)
+                    return out
+                return self.isolated(inside)
             self.word(node, depth + 1)
             return []
         # Programs, groups, do-groups, clauses, tests, arithmetic: walk all parts in order. (A
@@ -596,13 +599,22 @@ class _Walker:
             nested: list[Redirect] = []
             if body is not None:
                 dynamic = [c for c in body.named_children if c.type != "heredoc_content"]
-                if dynamic and not quoted:
+                # The grammar starts the body node after the first line's leading blanks (and then
+                # sees no $(...) there): the body really starts at that line's beginning.
+                begin = self.data.rfind(b"\n", 0, body.start_byte) + 1
+                if self.data[begin:body.start_byte].strip(b" \t"):
+                    begin = body.start_byte
+                if not quoted and _unseen_substitution(self.data, begin, body.end_byte, dynamic):
+                    # `cmd` or an indented $(cmd) runs, but the grammar left it as text
+                    self.problem("a heredoc runs a command substitution the checker cannot follow")
+                    text = None
+                elif dynamic and not quoted:
                     subst: list[Command] = []
                     for c in dynamic:
                         self._collect(c, depth + 1, subst)
                     text = None
                 else:
-                    raw = self.text(body)
+                    raw = self.data[begin:body.end_byte].decode("utf-8", "surrogatepass")
                     text = raw if quoted else re.sub(r"\\([$`\\\n])", lambda m: "" if m.group(1) == "\n" else m.group(1), raw)
                 if text is not None and op == "<<-":
                     text = "\n".join(line.lstrip("\t") for line in text.split("\n"))
@@ -625,7 +637,8 @@ class _Walker:
             return Redirect("<<<", fd, None, None if w.value is None else w.value + "\n"), []
         dests = [c for i, c in enumerate(node.children) if node.field_name_for_child(i) == "destination"]
         if not dests:
-            dests = [c for c in node.named_children if c is not fd_node]
+            # by position: the binding hands out a new Node object on each access, so `is` never matches
+            dests = [c for c in node.named_children if fd_node is None or c.start_byte != fd_node.start_byte]
         if not dests:
             self.problem(f"a redirection without a target ({self.text(node)[:40]!r})")
             return None, []
@@ -649,6 +662,21 @@ def _has_brace_expansion(unquoted: str) -> bool:
                 inner = unquoted[start + 1:i]
                 if "," in inner or ".." in inner:
                     return True
+    return False
+
+
+def _unseen_substitution(data: bytes, begin: int, end: int, dynamic: list) -> bool:
+    """Whether an unquoted heredoc body holds a backquote or ``$(`` outside the parts the grammar
+    parsed (``\\`` escapes the next character, as bash reads a heredoc)."""
+    i = begin
+    while i < end:
+        ch = data[i:i + 1]
+        if ch == b"\\":
+            i += 2
+            continue
+        if (ch == b"`" or data[i:i + 2] == b"$(") and not any(c.start_byte <= i < c.end_byte for c in dynamic):
+            return True
+        i += 1
     return False
 
 
