@@ -433,3 +433,8 @@ def test_a_heredoc_keeps_the_first_lines_leading_blanks() -> None:
     # a substitution the grammar did parse is walked as before, with nothing reported
     s = parse("cat <<EOF\na $(rm x) b\nEOF\n")
     assert names(s) == [["rm", "x"], ["cat"]] and s.problems == []
+
+
+def test_a_problem_quotes_at_most_40_characters_of_the_redirection() -> None:
+    # a descriptor of 45 digits then >&-: the message shows the first 40 characters of it
+    assert parse("cat " + "1" * 45 + ">&-").problems == [f"a redirection without a target ({'1' * 40!r})"]
