@@ -438,3 +438,10 @@ def test_a_heredoc_keeps_the_first_lines_leading_blanks() -> None:
 def test_a_problem_quotes_at_most_40_characters_of_the_redirection() -> None:
     # a descriptor of 45 digits then >&-: the message shows the first 40 characters of it
     assert parse("cat " + "1" * 45 + ">&-").problems == [f"a redirection without a target ({'1' * 40!r})"]
+
+
+def test_a_name_glued_across_a_line_break_is_a_problem() -> None:
+    # The grammar reads `x=1` NEWLINE `\rm -rf d` as one command named "\nrm" (bash runs rm).
+    for text in ("x=\n\\rm -rf d", "x=1\n\\rm -rf d"):
+        assert parse(text).problems == ["a command the parser joined across a line break"], text
+    assert parse("x=1 \\\n  rm -rf d").problems == []  # a backslash-newline really joins the lines

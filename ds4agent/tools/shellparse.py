@@ -555,6 +555,10 @@ class _Walker:
             elif c.type == "comment":
                 continue
             else:
+                if self.text(c).startswith("\n"):
+                    # `x=1` NEWLINE `\rm -rf d`: the grammar glues the next line's escaped name
+                    # onto the assignment's command; bash runs it as a command of its own.
+                    self.problem("a command the parser joined across a line break")
                 words.append(self.word(c, depth + 1))
         cmd = Command(words, assigns, reds + outer, source=self.text(node), function=self.function, cwd=self.state)
         self.script.commands.append(cmd)
