@@ -445,3 +445,24 @@ def test_a_name_glued_across_a_line_break_is_a_problem() -> None:
     for text in ("x=\n\\rm -rf d", "x=1\n\\rm -rf d"):
         assert parse(text).problems == ["a command the parser joined across a line break"], text
     assert parse("x=1 \\\n  rm -rf d").problems == []  # a backslash-newline really joins the lines
+
+
+def test_what_counts_as_an_unseen_heredoc_substitution() -> None:
+    # a backquote or $( outside the parsed parts counts; an escaped one does not
+    unseen = shellparse._unseen_substitution
+    assert unseen(b"`a`", 0, 3, []) is True and unseen(b"x $(a)", 0, 6, []) is True
+    assert unseen(b"abc $HOME", 0, 9, []) is False
+    assert unseen(b"\\`a\\` \\$(b)", 0, 11, []) is False
+    assert unseen(b"\\\\`a`", 0, 5, []) is True  # an escaped backslash, then a real backquote
+    assert unseen(b"ab`", 0, 2, []) is False  # the range ends before it
+    # a backquote inside a substitution the grammar parsed is that part's business
+    assert names(parse("cat <<EOF\n$(echo `id`)\nEOF\n")) == [["id"], ["echo", None], ["cat"]]
+    assert parse("cat <<EOF\n$(echo `id`)\nEOF\n").problems == []
+    # an escaped backquote is text
+    assert parse("cat <<EOF\n a\\`b\nEOF\n").commands[0].stdin_text == " a`b\n"
+
+
+def test_a_backquote_right_after_a_parsed_substitution_is_unseen() -> None:
+    # $(a) ends where the backquote starts, and $(c) where the closing one does: neither
+    # backquote is part of them
+    assert parse("cat <<EOF\n$(a)`b$(c)`\nEOF\n").problems == ["a heredoc runs a command substitution the checker cannot follow"]

@@ -640,10 +640,7 @@ class _Walker:
             w = self.word(target, depth + 1) if target is not None else Word("", "")
             return Redirect("<<<", fd, None, None if w.value is None else w.value + "\n"), []
         dests = [c for i, c in enumerate(node.children) if node.field_name_for_child(i) == "destination"]
-        if not dests:
-            # by position: the binding hands out a new Node object on each access, so `is` never matches
-            dests = [c for c in node.named_children if fd_node is None or c.start_byte != fd_node.start_byte]
-        if not dests:
+        if not dests:  # 3>&-, <&-: the grammar has no destination (the only named child is the descriptor)
             self.problem(f"a redirection without a target ({self.text(node)[:40]!r})")
             return None, []
         target = self.word(dests[0], depth + 1)
@@ -669,19 +666,14 @@ def _has_brace_expansion(unquoted: str) -> bool:
     return False
 
 
+_SUBST_OPEN = re.compile(rb"\\.|`|\$\(", re.S)  # an escaped character, or what opens a substitution
+
+
 def _unseen_substitution(data: bytes, begin: int, end: int, dynamic: list) -> bool:
     """Whether an unquoted heredoc body holds a backquote or ``$(`` outside the parts the grammar
     parsed (``\\`` escapes the next character, as bash reads a heredoc)."""
-    i = begin
-    while i < end:
-        ch = data[i:i + 1]
-        if ch == b"\\":
-            i += 2
-            continue
-        if (ch == b"`" or data[i:i + 2] == b"$(") and not any(c.start_byte <= i < c.end_byte for c in dynamic):
-            return True
-        i += 1
-    return False
+    return any(not m.group().startswith(b"\\") and not any(c.start_byte <= m.start() < c.end_byte for c in dynamic)
+               for m in _SUBST_OPEN.finditer(data, begin, end))
 
 
 def _translated(node) -> bool:
