@@ -111,6 +111,42 @@ def test_depth_boundary_of_a_plain_command() -> None:
         # cat <<EOF >$(b): the grammar nests >$(b) in the heredoc redirect: redirect(D) ->
         # redirect(D+1) -> word D+2 -> _collect D+3 -> statement(b) D+4 -> word D+6.
         ("cat <<EOF >$(b)\nEOF\n", 7),
+        # echo "$(a)": command D -> word(string) D+1 -> _pieces D+1 -> _collect($(a)) D+2 ->
+        # statement(a) D+3 -> _pieces(command_name) D+4 -> _pieces(word) D+5: deepest n + 6.
+        ('echo "$(a)"', 6),
+        # echo $"$(a)": _pieces(string) D+1 sees $"..." -> _collect(string) D+2 ->
+        # _collect($(a)) D+3 -> statement(a) D+4 -> word D+6: deepest n + 7.
+        ('echo $"$(a)"', 7),
+        # echo ${x:-$(a)}: _pieces(expansion) D+1 -> _collect(expansion) D+2 -> its named
+        # child $(a) D+3 -> statement(a) D+4 -> word D+6: deepest n + 7.
+        ("echo ${x:-$(a)}", 7),
+        # a && ( b ): list D -> second kid (subshell) D+1 -> b at D+2 -> word D+4: n + 5.
+        ("a && ( b )", 5),
+        # [[ 'a' ]]: test_command D -> statement(raw_string) D+1 -> word D+2 -> _pieces D+2.
+        ("[[ 'a' ]]", 3),
+        # [[ $'a' ]]: the same path for an ansi_c_string.
+        ("[[ $'a' ]]", 3),
+        # [[ $"a" ]]: the same path for a translated_string.
+        ('[[ $"a" ]]', 3),
+        # [[ $((1)) ]]: statement(arithmetic_expansion) D+1 -> word D+2 -> _pieces D+2 (its
+        # parts are only _collect-ed, which checks nothing).
+        ("[[ $((1)) ]]", 3),
+        # [[ {1..3} ]]: statement(brace_expression) D+1 -> word D+2 -> _pieces D+2.
+        ("[[ {1..3} ]]", 3),
+        # [[ <(a) ]]: statement(process_substitution) D+1 -> statement(a) D+2 -> name word D+4.
+        ("[[ <(a) ]]", 5),
+        # for i in <(a): for_statement D -> _sequence -> process_substitution D+1 -> a at D+2.
+        ("for i in <(a); do :; done", 5),
+        # a &: a background statement of _sequence is walked at D+1 like any other.
+        ("a &", 3),
+        ("{ a & }", 4),
+        # export a: declaration D -> word(a) D+1 -> _pieces D+1 (export itself is made directly).
+        ("export a", 2),
+        # x=a"b" c: command D -> assignments D+1 -> word(value) D+2 -> _pieces(concatenation)
+        # D+2 -> its parts D+3 (deeper than the name c at D+2).
+        ('x=a"b" c', 4),
+        # x=$(a) b: assignments D+1 -> word D+2 -> _collect D+3 -> statement(a) D+4 -> D+6.
+        ("x=$(a) b", 7),
     ],
 )
 def test_depth_boundary_along_each_edge(inner: str, k: int) -> None:

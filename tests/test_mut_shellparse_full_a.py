@@ -1,14 +1,14 @@
 """More exact parses of shellparse.py, one per surviving mutant of a whole-module run (part A):
 word sources, escapes in raw word text, ANSI-C quoting, unnamed concatenation parts, the
 bodiless redirected statement, bare assignments, a list whose operator sits in an ERROR node,
-the length of a quoted ERROR text, and MAX_DEPTH boundaries of a few more walker edges.
+and the length of a quoted ERROR text (its depth edges joined the table in test_mut_shellparse.py).
 
 Expected values follow from bash's rules and the walker's counting, worked out by hand."""
 
 from __future__ import annotations
 
 import pytest
-from test_mut_shellparse import TOO_DEEP, names, nest, words  # shared helpers
+from test_mut_shellparse import names, words  # shared helpers
 
 from ds4agent.tools.shellparse import parse
 
@@ -154,27 +154,3 @@ def test_an_error_text_is_quoted_to_40_characters() -> None:
     ]
 
 
-# -- MAX_DEPTH along more edges ---------------------------------------------------------------------
-# Counting as in test_mut_shellparse.py: in nest(n, X) the top node of X is walked at D = n + 1.
-
-
-@pytest.mark.parametrize(
-    "inner, k",
-    [
-        # echo "$(a)": command D -> word(string) D+1 -> _pieces D+1 -> _collect($(a)) D+2 ->
-        # statement(a) D+3 -> _pieces(command_name) D+4 -> _pieces(word) D+5: deepest n + 6.
-        ('echo "$(a)"', 6),
-        # echo $"$(a)": _pieces(string) D+1 sees $"..." -> _collect(string) D+2 ->
-        # _collect($(a)) D+3 -> statement(a) D+4 -> word D+6: deepest n + 7.
-        ('echo $"$(a)"', 7),
-        # echo ${x:-$(a)}: _pieces(expansion) D+1 -> _collect(expansion) D+2 -> its named
-        # child $(a) D+3 -> statement(a) D+4 -> word D+6: deepest n + 7.
-        ("echo ${x:-$(a)}", 7),
-        # a && ( b ): list D -> second kid (subshell) D+1 -> b at D+2 -> word D+4: n + 5.
-        ("a && ( b )", 5),
-    ],
-)
-def test_depth_boundary_along_more_edges(inner: str, k: int) -> None:
-    # Guards against a depth step other than +1 on each of these edges.
-    assert parse(nest(200 - k, inner)).problems == []
-    assert parse(nest(201 - k, inner)).problems == [TOO_DEEP]

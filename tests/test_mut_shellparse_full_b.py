@@ -1,58 +1,16 @@
 """More exact parses of shellparse.py, aimed at mutation survivors of a whole-module run:
 words walked as statements (test operands, for lists, case words), loops, declarations,
-heredocs, dup targets, the cwd of redirections, brace expansion and glob flags, and the
-MAX_DEPTH boundary for more constructs.
+heredocs, dup targets, the cwd of redirections, brace expansion and glob flags (their depth
+edges joined the table in test_mut_shellparse.py).
 
 Each expected value follows from bash's rules and the walker's code, worked out by hand."""
 
 from __future__ import annotations
 
 import pytest
-from test_mut_shellparse import TOO_DEEP, names, nest, words
+from test_mut_shellparse import names, words
 
 from ds4agent.tools.shellparse import UNKNOWN_DIR, parse
-
-# -- MAX_DEPTH -----------------------------------------------------------------------------------
-# Counting as in tests/test_mut_shellparse.py: the top node of `inner` is walked at D = n + 1
-# inside n subshells; k is the depth past n of the deepest check, so the text is accepted for
-# n = 200 - k and refused for n = 201 - k.
-
-
-@pytest.mark.parametrize(
-    "inner, k",
-    [
-        # [[ 'a' ]]: test_command D -> statement(raw_string) D+1 -> word D+2 -> _pieces D+2.
-        ("[[ 'a' ]]", 3),
-        # [[ $'a' ]]: the same path for an ansi_c_string.
-        ("[[ $'a' ]]", 3),
-        # [[ $"a" ]]: the same path for a translated_string.
-        ('[[ $"a" ]]', 3),
-        # [[ $((1)) ]]: statement(arithmetic_expansion) D+1 -> word D+2 -> _pieces D+2 (its
-        # parts are only _collect-ed, which checks nothing).
-        ("[[ $((1)) ]]", 3),
-        # [[ {1..3} ]]: statement(brace_expression) D+1 -> word D+2 -> _pieces D+2.
-        ("[[ {1..3} ]]", 3),
-        # [[ <(a) ]]: statement(process_substitution) D+1 -> statement(a) D+2 -> name word D+4.
-        ("[[ <(a) ]]", 5),
-        # for i in <(a): for_statement D -> _sequence -> process_substitution D+1 -> a at D+2.
-        ("for i in <(a); do :; done", 5),
-        # a &: a background statement of _sequence is walked at D+1 like any other.
-        ("a &", 3),
-        ("{ a & }", 4),
-        # export a: declaration D -> word(a) D+1 -> _pieces D+1 (export itself is made directly).
-        ("export a", 2),
-        # x=a"b" c: command D -> assignments D+1 -> word(value) D+2 -> _pieces(concatenation)
-        # D+2 -> its parts D+3 (deeper than the name c at D+2).
-        ('x=a"b" c', 4),
-        # x=$(a) b: assignments D+1 -> word D+2 -> _collect D+3 -> statement(a) D+4 -> D+6.
-        ("x=$(a) b", 7),
-    ],
-)
-def test_depth_boundary_of_more_constructs(inner: str, k: int) -> None:
-    # guards against a depth + 1 slip (or a word walked a level off) on each of these edges
-    assert parse(nest(200 - k, inner)).problems == []
-    assert parse(nest(201 - k, inner)).problems == [TOO_DEEP]
-
 
 # -- loops and substitutions inside words ---------------------------------------------------------
 

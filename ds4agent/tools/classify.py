@@ -246,8 +246,6 @@ _SYSTEM = {
     **dict.fromkeys(["iptables", "ip6tables", "nft", "ufw", "pfctl", "firewall-cmd"], "changes the firewall"),
     **dict.fromkeys(["shred", "srm", "wipe"], "destroys file contents"),
 }
-# Programs that hand work to a daemon running outside the sandbox (containers, terminal
-# multiplexers, the service manager, the desktop): confined or not, the result is not.
 # Programs whose operands are the files they make, change or remove, with the options that
 # take a value (touch -d "2 days ago" f: the date is not a file; touch -r REF only reads REF).
 _MAKES_FILES = {"rmdir": ("", set()), "unlink": ("", set()), "tee": ("", set()),
@@ -256,6 +254,8 @@ _MAKES_FILES = {"rmdir": ("", set()), "unlink": ("", set()), "tee": ("", set()),
                 "shred": ("ns", {"--iterations", "--size", "--random-source"})}
 # tar's short options that take a value, which old-style bundles (tar cbf 20 a.tar) take in order.
 _TAR_OLD_VALUES = set("bCfFgHIKLNTVX")
+# Programs that hand work to a daemon running outside the sandbox (containers, terminal
+# multiplexers, the service manager, the desktop): confined or not, the result is not.
 _SERVICES = {"docker", "podman", "nerdctl", "colima", "lima", "limactl", "kubectl", "tmux", "screen", "byobu",
              "systemd-run", "open", "osascript", "dbus-send", "busctl", "gdbus", "qdbus", "xdg-open", "gio",
              "ssh-agent", "gpg-connect-agent", "xdotool", "ydotool", "wmctrl", "code", "emacsclient", "nvr"}
