@@ -689,6 +689,20 @@ class _Recorder:
             self.current = None
 
 
+def _killers_first(sel: list[str], killers: dict[tuple[str, object], dict[str, int]], m: Mutant) -> list[str]:
+    """The covering tests in the order to run them: first those that killed a mutant of the same
+    line, then of the same function, then any mutant (most kills first), then the rest fastest
+    first. Only the order changes, so a survivor still ran every covering test; but a killed
+    mutant usually dies in its first test instead of after hundreds of fast ones that never look
+    at what it changed (classify.py's kills came ~900 tests in, most of a run's time)."""
+    rank: dict[str, tuple[int, int]] = {}
+    for tier, where in enumerate((("line", m.line), ("scope", m.scope), ("any", ""))):
+        for test, count in killers.get(where, {}).items():
+            rank.setdefault(test, (tier, -count))
+    pos = {t: k for k, t in enumerate(sel)}
+    return sorted(sel, key=lambda t: (rank.get(t, (3, 0)), pos[t]))
+
+
 def _pytest(args: list[str], recorder: _Recorder, basetemp: Path) -> int:
     import pytest
 
@@ -895,6 +909,7 @@ def run(module: str, args: argparse.Namespace) -> int:
     ran_tests = [k for k in order if base["outcomes"].get(k) == "passed"]
     print(f"{module}: {len(mutants)} mutants, {len(ran_tests)} tests ({base['time']:.0f} s traced)", flush=True)
     results: dict[int, dict] = {}
+    killers: dict[tuple[str, object], dict[str, int]] = {}
     since_check: list[Mutant] = []
     queue = list(mutants)
     # A run stopped early (Ctrl+C, or `timeout` sending SIGTERM) still reports the score of the
@@ -911,6 +926,7 @@ def run(module: str, args: argparse.Namespace) -> int:
             if not sel:
                 results[m.n] = {"status": "no coverage"}
             else:
+                sel = _killers_first(sel, killers, m)
                 budget = 30 + 4 * sum(durations[k] for k in sel)
                 r = w.ask({"op": "mutant", "mutant": asdict(m), "tests": sel}, budget)
                 if r is None or r.get("status") == "crashed":
@@ -919,6 +935,10 @@ def run(module: str, args: argparse.Namespace) -> int:
                     w = Worker(module, log)
                 results[m.n] = r
                 since_check.append(m)
+                if r.get("status") == "killed" and r.get("failed"):
+                    for where in (("line", m.line), ("scope", m.scope), ("any", "")):
+                        k = killers.setdefault(where, {})
+                        k[r["failed"]] = k.get(r["failed"], 0) + 1
             st = results[m.n]["status"]
             if m.key in equivalent and st in ("survived", "no coverage"):
                 results[m.n]["status"] = st = "equivalent"

@@ -160,7 +160,9 @@ class Places:
             return "null"
         real = Path(os.path.realpath(p))
         for q in (p, real):
-            if _under(q, self.root) and in_git_dir(q.relative_to(self.root) if q.is_relative_to(self.root) else q):
+            # Only the part below the root counts: a workspace kept under a folder named .git
+            # is still a workspace.
+            if _under(q, self.root) and in_git_dir(q.relative_to(self.root)):
                 return "git"
         if in_git_dir(p) or in_git_dir(real):
             # a .git outside the workspace is outside; inside one under tmp is still .git
