@@ -199,13 +199,15 @@ def temp_dirs() -> tuple[Path, ...]:
 # -- program knowledge ----------------------------------------------------------------------------
 
 SHELLS = {"sh", "bash", "zsh", "dash", "ksh", "mksh", "ash", "fish", "csh", "tcsh", "yash", "posh"}
-# Interpreters and how they take a program on the command line.
+# Interpreters and how they take a program on the command line. PowerShell (pwsh, powershell) is
+# not listed: its parameters are case-insensitive prefixes in any spelling, found by their own
+# rule in _Analyzer.nested_shell.
 INLINE = {"python": "c", "pypy": "c", "node": "e p", "nodejs": "e p", "deno": "", "bun": "e", "perl": "e E",
           "ruby": "e", "php": "r", "lua": "e", "luajit": "e", "Rscript": "e", "R": "e", "julia": "e",
-          "osascript": "e", "tclsh": "", "pwsh": "c", "powershell": "c", "jshell": "", "irb": "e", "swift": "e",
+          "osascript": "e", "tclsh": "", "jshell": "", "irb": "e", "swift": "e",
           "expect": "c", "gawk": "", "awk": "", "mawk": "", "nawk": "", "busybox": ""}
 INLINE_LONG = {"node": {"--eval", "--print"}, "nodejs": {"--eval", "--print"}, "bun": {"--eval", "--print"},
-               "pwsh": {"-command"}, "deno": set()}
+               "deno": set()}
 DOWNLOADERS = {"curl", "wget", "fetch", "aria2c", "http", "https", "xh", "lynx", "links", "nc", "ncat", "socat",
                "ssh", "scp", "sftp", "ftp", "tftp", "rsync", "git"}  # git: `git show URL:file`, archive --remote
 WRAPPERS = {"env", "nice", "nohup", "time", "timeout", "stdbuf", "setsid", "ionice", "chrt", "taskset", "command",
@@ -388,7 +390,7 @@ def _interp(base: str) -> str | None:
         return None
     if base in INLINE:
         return base
-    m = re.fullmatch(r"(python|pypy|ruby|perl|php|lua|node|pwsh)[0-9.]*[a-z]?", base)
+    m = re.fullmatch(r"(python|pypy|ruby|perl|php|lua|node|pwsh|powershell)[0-9.]*[a-z]?", base)
     if m:
         return m.group(1)
     return None
