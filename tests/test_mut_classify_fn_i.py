@@ -15,7 +15,7 @@ import pytest
 from classify_fixtures import _no_temp_dirs, root  # noqa: F401 (fixtures: temp_dirs emptied, a git workspace)
 
 import ds4agent.tools.classify as classify
-from ds4agent.tools.classify import DANGEROUS, ORDINARY, UNKNOWN, Analysis, Places
+from ds4agent.tools.classify import DANGEROUS, ORDINARY, UNKNOWN, Analysis, Places, analyze
 
 _REAL_TEMP_DIRS = classify.temp_dirs  # taken before the autouse fixture replaces it
 
@@ -131,3 +131,15 @@ def test_without_tmpdir_only_the_system_ones(monkeypatch) -> None:
     monkeypatch.delenv("TMPDIR", raising=False)
     monkeypatch.setattr(tempfile, "tempdir", "/tmp")
     assert list(_REAL_TEMP_DIRS.__wrapped__()) == _system()
+
+
+# -- wrappers' long options that take a value ---------------------------------------------------
+
+@pytest.mark.parametrize("wrapper,option", [
+    ("ltrace", o) for o in ("--output", "--library", "--config", "--where", "--align", "--indent", "--user")] + [
+    ("xvfb-run", o) for o in ("--server-num", "--error-file", "--auth-file", "--server-args", "--xauth-protocol")])
+def test_a_wrappers_long_option_takes_the_next_word(root: Path, wrapper: str, option: str) -> None:
+    # Slip: one long option missing from the wrapper's table: its value would be taken for the
+    # program, and the rm behind it never judged.
+    a = analyze(f"{wrapper} {option} v rm -rf x", root)
+    assert [(s.program, s.level, s.via) for s in a.steps] == [("rm", DANGEROUS, wrapper)]

@@ -215,6 +215,7 @@ WRAPPERS = {"env", "nice", "nohup", "time", "timeout", "stdbuf", "setsid", "ioni
             "gtimeout", "torsocks", "proxychains", "proxychains4", "strace", "ltrace", "valgrind", "catchsegv",
             "systemd-run"}
 # Options (that take a value) of each wrapper, and whether the first operand is not yet the command.
+# A wrapper not listed (valgrind, ...) takes no option with a separate value.
 _WRAPPER_ARGS = {
     "env": ("uSC", {"--unset", "--chdir", "--split-string", "--default-signal", "--ignore-signal", "--block-signal"}),
     "nice": ("n", {"--adjustment"}), "timeout": ("sk", {"--signal", "--kill-after"}),
@@ -225,7 +226,7 @@ _WRAPPER_ARGS = {
                              "--command-timeout", "--chroot", "--other-user"}),
     "doas": ("uC", set()), "flock": ("wEc", {"--timeout", "--conflict-exit-code", "--command"}),
     "strace": ("oeEpPsSuXbaI", {"--output", "--expr", "--attach", "--user", "--trace-path"}),
-    "ltrace": ("aADeFlnopsuwx", {"--output", "--library", "--config", "--where", "--align", "--indent", "--user"}), "valgrind": ("", set()), "xvfb-run": ("nsfewp", {"--server-num", "--error-file", "--auth-file", "--server-args", "--xauth-protocol"}),
+    "ltrace": ("aADeFlnopsuwx", {"--output", "--library", "--config", "--where", "--align", "--indent", "--user"}), "xvfb-run": ("nsfewp", {"--server-num", "--error-file", "--auth-file", "--server-args", "--xauth-protocol"}),
     "time": ("fo", {"--format", "--output"}), "torsocks": ("uaPp", set()), "proxychains": ("f", set()),
     "proxychains4": ("f", set()),
     "systemd-run": ("pEuM", {"--unit", "--property", "--description", "--slice", "--uid", "--gid", "--nice",
