@@ -24,3 +24,7 @@ def root(tmp_path: Path) -> Path:
     subprocess.run(["git", "init", "-q"], cwd=r, check=True)
     (r / "src" / "app.py").write_text("x\n")
     return r
+
+
+# The real temp_dirs, taken at import, before the autouse fixture above replaces it.
+REAL_TEMP_DIRS = classify.temp_dirs

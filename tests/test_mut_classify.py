@@ -10,12 +10,12 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from classify_fixtures import _no_temp_dirs, root  # noqa: F401 (fixtures: temp_dirs emptied, a git workspace)
+from classify_fixtures import REAL_TEMP_DIRS, _no_temp_dirs, root  # noqa: F401 (fixtures: temp_dirs emptied, a git workspace)
 
 import ds4agent.tools.classify as classify
 from ds4agent.tools.classify import DANGEROUS, ORDINARY, SAFE, UNKNOWN, Places, analyze
 
-_REAL_TEMP_DIRS = classify.temp_dirs  # kept before the fixture replaces it
+_REAL_TEMP_DIRS = REAL_TEMP_DIRS
 
 
 def _steps(a: classify.Analysis) -> list[tuple]:

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 import ds4agent.tools.classify as classify
-from classify_fixtures import _no_temp_dirs, root  # noqa: F401
+from classify_fixtures import REAL_TEMP_DIRS, _no_temp_dirs, root  # noqa: F401
 from ds4agent.tools.classify import DANGEROUS, ORDINARY, SAFE, UNKNOWN, Places, analyze
 
-_REAL_TEMP_DIRS = classify.temp_dirs  # taken before the autouse fixture replaces it
+_REAL_TEMP_DIRS = REAL_TEMP_DIRS
 
 
 @pytest.mark.parametrize("cmd, level, reasons", [
