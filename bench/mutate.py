@@ -23,7 +23,6 @@ from __future__ import annotations
 import __future__ as future_flags
 import argparse
 import ast
-import bisect
 import functools
 import importlib
 import json

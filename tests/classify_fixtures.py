@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -17,11 +16,11 @@ def _no_temp_dirs(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture()
-def root(tmp_path: Path) -> Path:
+def root(tmp_path: Path, git_init) -> Path:
     """A git-initialised workspace holding src/app.py."""
     r = tmp_path / "repo"
     (r / "src").mkdir(parents=True)
-    subprocess.run(["git", "init", "-q"], cwd=r, check=True)
+    git_init(r)
     (r / "src" / "app.py").write_text("x\n")
     return r
 

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,6 +24,25 @@ def _isolated_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
+
+
+@pytest.fixture(scope="session")
+def git_init(tmp_path_factory: pytest.TempPathFactory) -> Callable[[Path], None]:
+    """``git init -q`` in a directory, as a copy of one real run of it. The shell-policy and
+    classifier tests build a fresh repository for each of their ~1000 cases: a git process and
+    git's sample hooks per case were half their time, and of every mutant's run in
+    bench/mutate.py. The template is empty (no sample hooks, which nothing here runs), and a
+    freshly initialised .git holds no absolute path, so each copy is a repository git accepts."""
+    template = tmp_path_factory.mktemp("git-template")
+    (template / "no-hooks").mkdir()
+    subprocess.run(["git", "init", "-q", "--template", str(template / "no-hooks"), str(template / "repo")], check=True)
+    template = template / "repo"
+
+    def init(root: Path) -> None:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(template / ".git", root / ".git", symlinks=True)
+
+    return init
 
 
 @pytest.fixture(scope="session")

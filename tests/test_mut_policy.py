@@ -45,10 +45,10 @@ def _no_temp_dirs(monkeypatch):
 
 
 @pytest.fixture()
-def ws(tmp_path: Path) -> Workspace:
+def ws(tmp_path: Path, git_init) -> Workspace:
     root = tmp_path / "repo"
     (root / "src").mkdir(parents=True)
-    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+    git_init(root)
     (root / "src" / "app.py").write_text("def main():\n    return 1\n")
     (tmp_path / "outside" / "sub").mkdir(parents=True)
     (tmp_path / "outside" / "key").write_text("private")

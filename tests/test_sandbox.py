@@ -39,10 +39,10 @@ landlock = pytest.mark.skipif(not (LINUX and ABI >= 1 and BACKEND is not None an
 
 
 @pytest.fixture()
-def ws(tmp_path: Path) -> Workspace:
+def ws(tmp_path: Path, git_init) -> Workspace:
     root = tmp_path / "repo"
     root.mkdir()
-    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+    git_init(root)
     subprocess.run(["git", "config", "user.email", "t@example.com"], cwd=root, check=True)
     subprocess.run(["git", "config", "user.name", "T"], cwd=root, check=True)
     (root / "a.txt").write_text("a\n")

@@ -7,7 +7,6 @@ Nothing in the corpus is ever run: the bash tool here only records that it was c
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -199,14 +198,14 @@ def _no_temp_dirs(monkeypatch):
 
 
 @pytest.fixture()
-def ws(tmp_path: Path) -> Workspace:
+def ws(tmp_path: Path, git_init) -> Workspace:
     root = tmp_path / "repo"
     (root / "src").mkdir(parents=True)
-    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+    git_init(root)
     (root / "src" / "app.py").write_text("def main():\n    return 1\n")
     (root / "README.md").write_text("foo bar\n")
     (root / "vendor" / "lib").mkdir(parents=True)
-    subprocess.run(["git", "init", "-q"], cwd=root / "vendor" / "lib", check=True)
+    git_init(root / "vendor" / "lib")
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "key").write_text("private")

@@ -17,10 +17,10 @@ TOOLS = all_tools()
 
 
 @pytest.fixture()
-def ws(tmp_path: Path) -> Workspace:
+def ws(tmp_path: Path, git_init) -> Workspace:
     root = tmp_path / "repo"
     root.mkdir()
-    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+    git_init(root)
     (root / "src").mkdir()
     (root / "src" / "app.py").write_text("import os\n\n\ndef main():\n    return 1\n\n\nclass App:\n    def run(self):\n        pass\n")
     (root / ".gitignore").write_text("build/\n*.log\n")
@@ -485,12 +485,12 @@ def test_spill_files_and_jobs_are_cleaned_up_at_exit(tmp_path) -> None:
 # -- file tools never leave the workspace through symlinks, never touch any .git -----------------
 
 @pytest.fixture()
-def linked(tmp_path: Path) -> Workspace:
+def linked(tmp_path: Path, git_init) -> Workspace:
     """A repository with symlinks out of it (a directory and a file), a symlink inside it, and
     a nested repository; outside, files whose contents must never show."""
     root = tmp_path / "repo"
     (root / "src").mkdir(parents=True)
-    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+    git_init(root)
     (root / "src" / "app.py").write_text("def main():\n    return 'needle'\n")
     outside = tmp_path / "outside"
     outside.mkdir()
@@ -500,7 +500,7 @@ def linked(tmp_path: Path) -> Workspace:
     os.symlink(tmp_path / "lone.py", root / "flink.py")
     os.symlink(root / "src", root / "inner")
     (root / "vendor" / "lib").mkdir(parents=True)
-    subprocess.run(["git", "init", "-q"], cwd=root / "vendor" / "lib", check=True)
+    git_init(root / "vendor" / "lib")
     (root / "vendor" / "lib" / "lib.py").write_text("def lib():\n    return 'needle'\n")
     return Workspace(root)
 
