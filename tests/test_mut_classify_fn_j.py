@@ -1,0 +1,139 @@
+"""classify.py: the gaps the fifth round of the whole-module run found (issue 22): the per-program
+rules whose names no test used (the namespace tools, the shell settings, the awk family, pushd and
+popd).
+
+Each test names the slip it guards against."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from classify_fixtures import _no_temp_dirs, root  # noqa: F401 (fixtures: temp_dirs emptied, a git workspace)
+
+import ds4agent.tools.classify as classify
+from ds4agent.tools.classify import ORDINARY, SAFE, UNKNOWN, analyze
+
+
+def _steps(a: classify.Analysis) -> list[tuple]:
+    return [(s.program, s.level, s.reasons, s.inert, s.coverable) for s in a.steps]
+
+
+# -- programs that change namespaces or privileges ------------------------------------------------
+
+@pytest.mark.parametrize("program", ["nsenter", "unshare", "firejail", "bwrap", "sandbox-exec", "nsjail", "capsh", "setpriv"])
+def test_a_namespace_or_privilege_tool_is_asked_about_and_never_sandboxed(root: Path, program: str) -> None:
+    # Slip: a name dropped from the list, so `firejail --noprofile sh` passes as an ordinary
+    # program that the sandbox may run unasked (a tool made to leave or change the sandbox's
+    # own confinement).
+    a = analyze(f"{program} --x ls", root)
+    assert _steps(a) == [(program, UNKNOWN, [f"{program} changes the process's namespaces or privileges"], False, False)]
+
+
+# -- shell settings ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("builtin", ["ulimit", "unalias"])
+def test_ulimit_and_unalias_are_inert(root: Path, builtin: str) -> None:
+    # Slip: the name dropped from the settings list, so `ulimit -n 512` (a limit on this shell
+    # alone) or `unalias ll` becomes an ordinary program to approve.
+    a = analyze(f"{builtin} -n 5; ls", root)
+    assert _steps(a) == [(builtin, SAFE, [], True, True), ("ls", SAFE, [], False, True)]
+
+
+@pytest.mark.parametrize("builtin", ["complete", "bind"])
+def test_complete_and_bind_taint_what_follows(root: Path, builtin: str) -> None:
+    # Slip: the name dropped from the settings list: the line after it is then judged as if
+    # names still ran what they ran before.
+    a = analyze(f"{builtin} -F f ls; ls", root)
+    assert a.level == UNKNOWN
+    assert _steps(a) == [(builtin, UNKNOWN, [f"{builtin} changes which programs later names run"], False, True),
+                         ("ls", UNKNOWN, [f"{builtin} changes which programs the names after it run"], False, False)]
+
+
+# -- the awk family -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("awk", ["awk", "gawk", "mawk", "nawk"])
+def test_every_awk_has_its_program_read(root: Path, awk: str) -> None:
+    # Slip: one awk left out of the rule that reads the program, so `mawk 'BEGIN{system("rm
+    # -rf x")}'` ran unasked as a reader.
+    a = analyze(f"{awk} 'BEGIN{{system(\"rm -rf x\")}}'", root)
+    why = f"the {awk} program may run commands or write files (system, |, >, getline ...)"
+    assert _steps(a) == [(awk, UNKNOWN, [why], False, False)]
+    a = analyze(f"{awk} -f prog.awk f", root)
+    assert _steps(a) == [(awk, UNKNOWN, [f"{awk} runs a program from a file, which is not checked"], False, False)]
+    # A plain program is no more than a run of it (SAFE where the program is installed: the
+    # read-only list also asks that it resolves to a system program, and gawk may be absent).
+    a = analyze(f"{awk} '{{print $1}}' src/app.py", root)
+    assert a.level <= ORDINARY and a.reasons() == [f"runs {awk}"] and a.steps[0].coverable
+
+
+# -- directory changes name no path they read -------------------------------------------------------
+
+@pytest.mark.parametrize("builtin", ["cd", "pushd", "popd"])
+def test_a_directory_change_outside_is_not_a_read_outside(root: Path, builtin: str) -> None:
+    # Slip: pushd or popd taken for a program whose operands it reads: `pushd ..` would then
+    # ask, as a read outside the workspace, where only the commands after it run there.
+    a = analyze(f"{builtin} ..", root)
+    assert _steps(a) == [(builtin, SAFE, [], True, True)]
+    a = analyze(f"{builtin} /etc && ls", root)
+    assert a.steps[0].level == SAFE and a.steps[0].reasons == []
+    assert a.steps[1].level == ORDINARY and not a.steps[1].coverable
+
+
+# -- kill -------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("listing", ["-l", "-L", "--list", "--table"])
+def test_kill_that_lists_signals_kills_nothing(root: Path, listing: str) -> None:
+    # Slip: a listing option dropped, so `kill -l -9` (the name of signal 9) reads as a kill of
+    # process group 9.
+    a = analyze(f"kill {listing} -9 -1", root)
+    assert a.level == ORDINARY and a.reasons() == ["runs kill"]
+
+
+@pytest.mark.parametrize("option", ["-s", "-n", "--signal"])
+def test_a_two_word_signal_is_not_a_target(root: Path, option: str) -> None:
+    # Slip: the option not known to take the next word, so its (computed) signal is judged as
+    # a process to kill.
+    a = analyze(f"kill {option} $SIG 123", root)
+    assert a.level == ORDINARY and a.reasons() == ["runs kill"]
+    assert analyze(f"kill {option} TERM -1", root).reasons() == ["kills every process it can (kill -1)"]
+
+
+def test_every_target_after_a_double_dash_is_judged(root: Path) -> None:
+    # Slip: the targets read from the wrong word after `--`, so a group named first goes unseen.
+    assert analyze("kill -- -5 6", root).reasons() == ["kills a whole process group"]
+    assert analyze("kill -9 -- 6 -1", root).reasons() == ["kills every process it can (kill -1)"]
+    assert analyze("kill -- 6", root).level == ORDINARY
+
+
+def test_a_computed_target_is_named_by_its_first_40_characters(root: Path) -> None:
+    # Slip: the quoted source cut at another length (the approval line stays short).
+    word = "$" + "{PID_OF_THE_SERVER_STARTED_IN_THE_BACKGROUND}"
+    assert len(word) > 41
+    a = analyze(f"kill {word}", root)
+    assert a.reasons() == [f"kill of a computed process ({word[:40]})"]
+
+
+# -- set --------------------------------------------------------------------------------------------
+
+def test_set_with_known_options_only_is_inert(root: Path) -> None:
+    # Slips: an empty `set` (which prints the variables) not inert; one known option enough.
+    for cmd in ("set", "set -eu -o pipefail", "set +x --"):
+        a = analyze(cmd, root)
+        assert [(s.level, s.inert, s.coverable) for s in a.steps] == [(SAFE, True, True)], cmd
+
+
+def test_set_with_anything_else_changes_what_follows(root: Path) -> None:
+    # Slip: one known option enough for the whole line (`set -e x` also sets $1).
+    for cmd in ("set -e x", "set -o vi", "set -e $OPTS"):
+        a = analyze(cmd, root)
+        assert _steps(a) == [("set", ORDINARY, ["set changes how the shell runs what follows"], False, False)], cmd
+    assert analyze("set -e x; ls", root).steps[1].reasons == []
+
+
+@pytest.mark.parametrize("cmd", ["set -x -a; ls", "set -e -o allexport; ls", "set -xa; ls"])
+def test_allexport_anywhere_on_the_line_taints_what_follows(root: Path, cmd: str) -> None:
+    # Slip: allexport seen only when every word turns it on.
+    a = analyze(cmd, root)
+    assert _steps(a)[1] == ("ls", UNKNOWN, ["set -a exports every variable set after it"], False, False)
+    assert analyze("set +a; ls", root).steps[1].reasons == []  # +a turns it off
