@@ -137,3 +137,127 @@ def test_allexport_anywhere_on_the_line_taints_what_follows(root: Path, cmd: str
     a = analyze(cmd, root)
     assert _steps(a)[1] == ("ls", UNKNOWN, ["set -a exports every variable set after it"], False, False)
     assert analyze("set +a; ls", root).steps[1].reasons == []  # +a turns it off
+
+
+# -- shopt --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["nullglob", "globstar", "dotglob", "failglob", "nocaseglob", "extglob", "nocasematch",
+                                  "lastpipe", "inherit_errexit", "pipefail"])
+def test_shopt_of_a_reading_option_is_inert(root: Path, name: str) -> None:
+    # Slip: a name dropped from the list of options that change only how words expand.
+    a = analyze(f"shopt -s {name}; ls", root)
+    assert [(s.program, s.level, s.inert, s.coverable) for s in a.steps] == [("shopt", SAFE, True, True), ("ls", SAFE, False, True)]
+
+
+def test_shopt_of_anything_else_taints_what_follows(root: Path) -> None:
+    # Slips: one known name enough (`any`); the taint's reason lost or changed.
+    a = analyze("shopt -s extglob expand_aliases; ls", root)
+    assert _steps(a) == [("shopt", ORDINARY, ["shopt changes how the shell reads what follows"], False, False),
+                         ("ls", UNKNOWN, ["shopt changes how the shell reads the commands after it"], False, False)]
+
+
+# -- the variables the shell reads, set by other means than NAME=value ------------------------------------
+
+@pytest.mark.parametrize("name", ["PATH", "CDPATH", "HOME", "BASH_ENV", "ENV", "SHELLOPTS", "BASHOPTS", "PS4",
+                                  "PROMPT_COMMAND", "GLOBIGNORE", "BASH_LOADABLES_PATH", "ZDOTDIR", "FPATH"])
+def test_a_loop_over_any_shell_variable_taints_the_command(root: Path, name: str) -> None:
+    # Slip: the names joined wrongly into the pattern (another separator), so only the first
+    # and last, or none, are still seen.
+    a = analyze(f"for {name} in /tmp/x; do ls; done", root)
+    why = f"may set {name} (e.g. in arithmetic, a loop or read), which changes what its programs are or read"
+    assert a.level == UNKNOWN and why in a.reasons()
+
+
+# -- rm's options from patterns and computed words -------------------------------------------------------
+
+def test_only_a_pattern_that_can_start_a_name_with_a_dash_is_an_option_risk(root: Path) -> None:
+    # Slips: any pattern taken for a risk (`X*` can only match names starting with X); each
+    # pattern reported (the first is enough: the reason line stays short).
+    assert analyze("rm X*", root).reasons() == ["runs rm"]
+    a = analyze("rm *.o ?.tmp [ab].log", root)
+    assert a.reasons() == ["rm *.o: the pattern may match file names that read as options"]
+    assert analyze("rm -- *.o", root).reasons() == ["runs rm"]  # after --, nothing is an option
+    assert analyze("rm [-a]*", root).reasons() == ["rm [-a]*: the pattern may match file names that read as options"]
+
+
+def test_a_computed_rm_argument_is_named_by_its_first_40_characters(root: Path) -> None:
+    word = "$" + "{THE_DIRECTORY_THAT_THE_BUILD_SCRIPT_WROTE_TO}"
+    assert len(word) > 41
+    assert analyze(f"rm {word}", root).reasons() == [
+        f"rm with arguments the shell computes ({word[:40]}), which may be options", f"deletes a computed path ({word})"]
+
+
+# -- git's options before the subcommand -----------------------------------------------------------------
+
+def test_git_global_options_and_their_values(root: Path) -> None:
+    # Slips in reading `git [-c N=V | --config-env=N=ENV | -C DIR | --git-dir ...] SUB`: the
+    # setting's name taken from the wrong part of the word, the next word read past the end,
+    # a form (attached, separate, `=`) not recognised.
+    def judged(cmd: str) -> tuple:
+        a = analyze(cmd, root)
+        return a.level, a.reasons(), [(s.inert, s.coverable) for s in a.steps]
+
+    run = "can make git run programs"
+    assert judged("git $X status") == (UNKNOWN, ["git with a computed argument before the subcommand"], [(False, True)])
+    assert judged("git -c $X log") == (UNKNOWN, ["git -c with a computed setting"], [(False, True)])
+    assert judged("git -c core.pager=less") == (UNKNOWN, [f"git -c core.pager {run}"], [(False, False)])
+    assert judged("git -c") == (UNKNOWN, [f"git -c  {run}"], [(False, False)])  # no setting at all
+    assert judged("git -ccore.pager=x log") == (UNKNOWN, [f"git -c core.pager {run}"], [(False, False)])
+    assert judged("git -cx status") == (UNKNOWN, [f"git -c x {run}"], [(False, False)])
+    assert judged("git -ccolor.ui=never log") == (ORDINARY, ["runs git"], [(False, True)])
+    assert judged("git -c color.ui=never log")[0] == SAFE  # the read-only list knows only the separate form
+    assert judged("git --config-env=color.ui=ENVVAR log") == (UNKNOWN, [f"git -c color.ui {run}"], [(False, False)])
+    assert judged("git --config-env color.ui=ENVVAR log") == (UNKNOWN, [f"git -c color.ui {run}"], [(False, False)])
+
+
+@pytest.mark.parametrize("option", ["--git-dir", "--work-tree"])
+def test_git_pointed_at_another_repository(root: Path, option: str) -> None:
+    # Slips: the option dropped; its path read from the wrong word or cut at a second `=`.
+    away = f"git {option} points git somewhere else"
+    assert analyze(f"git {option}=/tmp/a=b status", root).reasons() == [away, "names a path outside the workspace (/tmp/a=b)"]
+    assert analyze(f"git {option} /etc/x status", root).reasons() == [away, "names a path outside the workspace (/etc/x)"]
+    a = analyze(f"git {option}", root)
+    assert a.reasons() == [away] and not a.steps[0].coverable
+
+
+def test_git_exec_path(root: Path) -> None:
+    # Slips: its reasons lost; the bare option (which prints the path and exits) judged as a setting.
+    assert analyze("git --exec-path=/tmp/e status", root).reasons() == [
+        "git --exec-path points git somewhere else", "git --exec-path runs git programs from elsewhere",
+        "names a path outside the workspace (/tmp/e)"]
+    a = analyze("git --exec-path", root)
+    assert a.level == SAFE and a.steps[0].inert
+
+
+def test_git_dash_capital_c(root: Path) -> None:
+    # Slips: the directory read past the end of the words, or not taken when it is the last word.
+    assert analyze("git -C /etc", root).reasons() == ["names a path outside the workspace (/etc)"]
+    a = analyze("git -C", root)
+    assert a.level == SAFE and a.steps[0].inert
+
+
+_GIT_LONG_VALUES = ["--message", "--file", "--author", "--date", "--template", "--format", "--output", "--upload-pack",
+                    "--receive-pack", "--exec", "--strategy", "--strategy-option", "--onto", "--source",
+                    "--pathspec-from-file", "--push-option", "--orphan", "--reuse-message", "--reedit-message", "--fixup",
+                    "--squash", "--cleanup", "--trailer", "--repo", "--conflict"]
+
+
+@pytest.mark.parametrize("option", _GIT_LONG_VALUES)
+def test_a_git_option_value_is_not_an_operand(root: Path, option: str) -> None:
+    # Slip: the option dropped from the list of those that take the next word, so its value
+    # is read as a refspec (one table serves every subcommand; push's `+ref` shows it).
+    assert analyze(f"git push {option} +x origin main", root).level == ORDINARY
+    assert analyze(f"git push origin +main", root).level > ORDINARY
+
+
+@pytest.mark.parametrize("cmd,why", [
+    ("git reset --recurse-submodules --hard", "discards uncommitted work (git reset --hard)"),
+    ("git checkout --recurse-submodules .", "discards uncommitted changes (git checkout of paths)"),
+    ("git push --recurse-submodules=check +main", "force-push or remote delete (+refspec or :ref)"),
+    ("git push --recurse-submodules +main", "force-push or remote delete (+refspec or :ref)"),
+])
+def test_an_optional_value_never_hides_the_next_word(root: Path, cmd: str, why: str) -> None:
+    # The bug this found: --recurse-submodules was taken to consume the next word, so the
+    # `--hard` (or the path, or the +refspec) after it went unseen and a destructive command
+    # passed as an ordinary one. Its value is optional, so git only takes it attached (`=`).
+    assert analyze(cmd, root).reasons() == [why]

@@ -1076,7 +1076,7 @@ class _Analyzer:
                 s.inert = True
             else:
                 s.not_coverable("set changes how the shell runs what follows")
-                if any(v in ("-a", "allexport") or (v and v.startswith("-") and "a" in v) for v in vals):
+                if any(v == "allexport" or (v and v.startswith("-") and "a" in v) for v in vals):  # -a, -xa, -o allexport
                     self.tainted = self.tainted or "set -a exports every variable set after it"
             return
         if base == "shopt":
@@ -1117,7 +1117,7 @@ class _Analyzer:
             if not v.startswith("-"):
                 break
             name = v.split("=", 1)[0]
-            if name in ("-c", "--config-env") or v.startswith("-c"):
+            if name == "--config-env" or v.startswith("-c"):  # -c NAME=VALUE, or attached: -cNAME=VALUE
                 value = v[2:] if v.startswith("-c") and len(v) > 2 else (v.split("=", 1)[1] if "=" in v else (vals[i + 1] if i + 1 < len(args) else ""))
                 if value is None:
                     s.raise_to(UNKNOWN, "git -c with a computed setting")
@@ -1129,13 +1129,12 @@ class _Analyzer:
                 s.not_coverable(f"git {name} points git somewhere else")
                 if name == "--exec-path":
                     s.raise_to(UNKNOWN, "git --exec-path runs git programs from elsewhere")
-                path = v.split("=", 1)[1] if "=" in v else (vals[i + 1] if i + 1 < len(args) else None)
-                if path is not None:
-                    self.operand_places(s, "git", [Word(path, path)])
+                # Its path (attached or the next word) is judged with git's other words, by
+                # operand_places in program_rules.
             elif name == "-C":
                 if i + 1 < len(args):
                     s.cwd = args[i + 1]
-            if name in _GIT_GLOBAL_ARG and "=" not in v and not v.startswith("-c") or v in ("-c", "-C"):
+            if name in _GIT_GLOBAL_ARG and "=" not in v:  # its value is the next word
                 i += 2
             else:
                 i += 1
@@ -1151,11 +1150,15 @@ class _Analyzer:
         # Which short options take a value differs per subcommand; where it is not listed, none
         # do, so every letter of a cluster counts as an option (``git push -uf``).
         short_values = _GIT_SHORT_VALUES.get(sub or "", "")
-        o = scan(rest, short_values, {"--message", "--file", "--author", "--date", "--template", "--format", "--pretty",
+        # Long options whose value may be the next word. Not those whose value is optional and
+        # so only ever attached with `=` (git's parse-options): taking the next word for the
+        # value of --recurse-submodules hid `--hard` in `git reset --recurse-submodules --hard`;
+        # a --pretty with no `=` is followed by a revision.
+        o = scan(rest, short_values, {"--message", "--file", "--author", "--date", "--template", "--format",
                                       "--output", "--upload-pack", "--receive-pack", "--exec", "--strategy",
                                       "--strategy-option", "--onto", "--source", "--pathspec-from-file", "--push-option",
                                       "--orphan", "--reuse-message", "--reedit-message", "--fixup", "--squash",
-                                      "--cleanup", "--trailer", "--recurse-submodules", "--repo", "--conflict"})
+                                      "--cleanup", "--trailer", "--repo", "--conflict"})
         danger = None
         if o.computed and sub in ("push", "reset", "clean", "checkout", "restore", "switch", "branch", "stash", "rm",
                                   "gc", "reflog", "update-ref", "worktree", "submodule", "filter-branch", "prune"):
