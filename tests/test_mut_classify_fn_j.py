@@ -12,7 +12,7 @@ import pytest
 from classify_fixtures import _no_temp_dirs, root  # noqa: F401 (fixtures: temp_dirs emptied, a git workspace)
 
 import ds4agent.tools.classify as classify
-from ds4agent.tools.classify import ORDINARY, SAFE, UNKNOWN, analyze
+from ds4agent.tools.classify import DANGEROUS, ORDINARY, SAFE, UNKNOWN, analyze
 
 
 def _steps(a: classify.Analysis) -> list[tuple]:
@@ -261,3 +261,156 @@ def test_an_optional_value_never_hides_the_next_word(root: Path, cmd: str, why: 
     # `--hard` (or the path, or the +refspec) after it went unseen and a destructive command
     # passed as an ordinary one. Its value is optional, so git only takes it attached (`=`).
     assert analyze(cmd, root).reasons() == [why]
+
+
+# -- git's subcommands: every rule that makes one dangerous, and its harmless neighbour -----------------
+
+# (command, level, reasons, coverable). One row per option or operand a rule looks at, so that
+# dropping or renaming any of them (the slips mutants make) changes a row; the harmless form
+# next to each shows the rule is not simply "every use of the subcommand".
+GIT_CASES = [
+    ('git push -f', DANGEROUS, ['force-push or remote delete'], True),
+    ('git push -d origin x', DANGEROUS, ['force-push or remote delete'], True),
+    ('git push --force', DANGEROUS, ['force-push or remote delete'], True),
+    ('git push --force-with-lease', DANGEROUS, ['force-push or remote delete'], True),
+    ('git push --mirror', DANGEROUS, ['force-push or remote delete'], True),
+    ('git push --delete origin x', DANGEROUS, ['force-push or remote delete'], True),
+    ('git push --prune origin', DANGEROUS, ['force-push or remote delete'], True),
+    ('git push --force-if-includes', DANGEROUS, ['force-push or remote delete'], True),
+    ('git push origin +main', DANGEROUS, ['force-push or remote delete (+refspec or :ref)'], True),
+    ('git push origin :old', DANGEROUS, ['force-push or remote delete (+refspec or :ref)'], True),
+    ('git push origin main:+x', ORDINARY, ['runs git'], True),
+    ('git push origin main', ORDINARY, ['runs git'], True),
+    ('git reset --hard', DANGEROUS, ['discards uncommitted work (git reset --hard)'], True),
+    ('git reset --merge', DANGEROUS, ['discards uncommitted work (git reset --hard)'], True),
+    ('git reset --keep', DANGEROUS, ['discards uncommitted work (git reset --hard)'], True),
+    ('git reset HEAD~1', ORDINARY, ['runs git'], True),
+    ('git clean -f', DANGEROUS, ['deletes untracked files (git clean -f)'], True),
+    ('git clean --force', DANGEROUS, ['deletes untracked files (git clean -f)'], True),
+    ('git clean -n', ORDINARY, ['runs git'], True),
+    ('git checkout -f', DANGEROUS, ['discards uncommitted changes (git checkout of paths)'], True),
+    ('git checkout --force main', DANGEROUS, ['discards uncommitted changes (git checkout of paths)'], True),
+    ('git checkout --discard-changes main', DANGEROUS, ['discards uncommitted changes (git checkout of paths)'], True),
+    ('git checkout -- src/app.py', DANGEROUS, ['discards uncommitted changes (git checkout of paths)'], True),
+    ('git checkout .', DANGEROUS, ['discards uncommitted changes (git checkout of paths)'], True),
+    ("git checkout '*'", DANGEROUS, ['discards uncommitted changes (git checkout of paths)'], True),
+    ('git checkout :/', DANGEROUS, ['discards uncommitted changes (git checkout of paths)'], True),
+    ('git checkout --ours src/app.py', DANGEROUS, ['discards uncommitted changes (git checkout of paths)'], True),
+    ('git checkout --theirs src/app.py', DANGEROUS, ['discards uncommitted changes (git checkout of paths)'], True),
+    ('git checkout -p', DANGEROUS, ['discards uncommitted changes (git checkout of paths)'], True),
+    ('git checkout --patch', DANGEROUS, ['discards uncommitted changes (git checkout of paths)'], True),
+    ('git checkout --pathspec-from-file=list.txt', DANGEROUS, ['discards uncommitted changes (git checkout of paths)'], True),
+    ('git checkout main src/app.py', DANGEROUS, ['discards uncommitted changes (git checkout of paths)'], True),
+    ('git checkout main', ORDINARY, ['runs git'], True),
+    ('git checkout -b new', ORDINARY, ['runs git'], True),
+    ('git restore src/app.py', DANGEROUS, ['discards uncommitted changes (git restore)'], True),
+    ('git restore --staged src/app.py', ORDINARY, ['runs git'], True),
+    ('git restore -S src/app.py', ORDINARY, ['runs git'], True),
+    ('git restore --staged --worktree src/app.py', DANGEROUS, ['discards uncommitted changes (git restore)'], True),
+    ('git restore -S -W src/app.py', DANGEROUS, ['discards uncommitted changes (git restore)'], True),
+    ('git switch -f main', DANGEROUS, ['discards changes or resets a branch (git switch --force / -C)'], True),
+    ('git switch -C main', DANGEROUS, ['discards changes or resets a branch (git switch --force / -C)'], True),
+    ('git switch --force main', DANGEROUS, ['discards changes or resets a branch (git switch --force / -C)'], True),
+    ('git switch --discard-changes main', DANGEROUS, ['discards changes or resets a branch (git switch --force / -C)'], True),
+    ('git switch --force-create main', DANGEROUS, ['discards changes or resets a branch (git switch --force / -C)'], True),
+    ('git switch main', ORDINARY, ['runs git'], True),
+    ('git switch -c new', ORDINARY, ['runs git'], True),
+    ('git branch -D x', DANGEROUS, ['deletes or overwrites a branch (git branch -D/-M/-C/-f)'], True),
+    ('git branch -M x', DANGEROUS, ['deletes or overwrites a branch (git branch -D/-M/-C/-f)'], True),
+    ('git branch -C x y', DANGEROUS, ['deletes or overwrites a branch (git branch -D/-M/-C/-f)'], True),
+    ('git branch -f x', DANGEROUS, ['deletes or overwrites a branch (git branch -D/-M/-C/-f)'], True),
+    ('git branch --force x', DANGEROUS, ['deletes or overwrites a branch (git branch -D/-M/-C/-f)'], True),
+    ('git branch --delete --force x', DANGEROUS, ['deletes or overwrites a branch (git branch -D/-M/-C/-f)'], True),
+    ('git branch --delete x', ORDINARY, ['runs git'], True),
+    ('git branch -d x', ORDINARY, ['runs git'], True),
+    ('git stash drop', DANGEROUS, ['git stash drop loses stashed work'], True),
+    ('git stash clear', DANGEROUS, ['git stash clear loses stashed work'], True),
+    ('git stash pop', ORDINARY, ['runs git'], True),
+    ('git filter-branch --all', DANGEROUS, ['rewrites the whole history'], True),
+    ('git filter-repo --force', DANGEROUS, ['rewrites the whole history'], True),
+    ('git reflog expire --all', DANGEROUS, ['deletes reflog entries (loses the way back)'], True),
+    ('git reflog delete HEAD@{1}', DANGEROUS, ['deletes reflog entries (loses the way back)'], True),
+    ('git reflog show', SAFE, ['runs git'], True),
+    ('git gc --prune=now', DANGEROUS, ['prunes unreachable objects'], True),
+    ('git gc --aggressive', DANGEROUS, ['prunes unreachable objects'], True),
+    ('git gc', ORDINARY, ['runs git'], True),
+    ('git prune', DANGEROUS, ['prunes unreachable objects'], True),
+    ('git update-ref -d refs/heads/x', DANGEROUS, ['deletes or rewrites refs'], True),
+    ('git update-ref --stdin', DANGEROUS, ['deletes or rewrites refs'], True),
+    ('git update-ref refs/heads/x HEAD', ORDINARY, ['runs git'], True),
+    ('git rm -f src/app.py', DANGEROUS, ['git rm -f discards uncommitted changes'], True),
+    ('git rm --force src/app.py', DANGEROUS, ['git rm -f discards uncommitted changes'], True),
+    ('git rm src/app.py', ORDINARY, ['runs git'], True),
+    ('git worktree remove -f /etc/x', DANGEROUS, ['removes a worktree with its changes', 'names a path outside the workspace (/etc/x)'], False),
+    ('git worktree remove --force /etc/x', DANGEROUS, ['removes a worktree with its changes', 'names a path outside the workspace (/etc/x)'], False),
+    ('git worktree remove /etc/x', ORDINARY, ['names a path outside the workspace (/etc/x)'], False),
+    ('git worktree prune', ORDINARY, ['runs git'], True),
+    ('git submodule deinit -f x', DANGEROUS, ['removes submodule work trees'], True),
+    ('git submodule deinit --force x', DANGEROUS, ['removes submodule work trees'], True),
+    ('git submodule deinit --all', DANGEROUS, ['removes submodule work trees'], True),
+    ('git submodule deinit x', ORDINARY, ['runs git'], True),
+    ("git submodule foreach 'rm -rf x'", UNKNOWN, ['git submodule foreach runs a command in every submodule'], False),
+    ('git submodule update', ORDINARY, ['runs git'], True),
+    ('git rebase -x make main', UNKNOWN, ['git rebase --exec runs commands'], False),
+    ('git rebase --exec make main', UNKNOWN, ['git rebase --exec runs commands'], False),
+    ('git rebase main', ORDINARY, ['runs git'], True),
+    ('git bisect run make', UNKNOWN, ['git bisect run runs a command'], False),
+    ('git bisect start', ORDINARY, ['runs git'], True),
+    ('git difftool', ORDINARY, ['git difftool runs other programs'], False),
+    ('git mergetool', ORDINARY, ['git mergetool runs other programs'], False),
+    ('git daemon', ORDINARY, ['git daemon runs other programs'], False),
+    ('git instaweb', ORDINARY, ['git instaweb runs other programs'], False),
+    ('git web--browse', ORDINARY, ['git web--browse runs other programs'], False),
+    ('git credential fill', ORDINARY, ['git credential runs other programs'], False),
+    ('git hook run pre-commit', ORDINARY, ['git hook runs other programs'], False),
+    ('git config --get core.pager', SAFE, ['runs git'], True),
+    ('git config --get-all core.pager', SAFE, ['runs git'], True),
+    ('git config --get-regexp core', SAFE, ['runs git'], True),
+    ('git config --list', SAFE, ['runs git'], True),
+    ('git config --get-urlmatch http x', SAFE, ['runs git'], True),
+    ('git config --get-color core.x red', ORDINARY, ['runs git'], True),
+    ('git config --get-colorbool core.x', ORDINARY, ['runs git'], True),
+    ('git config --show-origin -l', SAFE, ['runs git'], True),
+    ('git config -l', SAFE, ['runs git'], True),
+    ('git config get core.pager', SAFE, ['runs git'], True),
+    ('git config list', SAFE, ['runs git'], True),
+    ('git config core.pager less', ORDINARY, ['git config core.pager may make git run programs'], False),
+    ('git config set core.pager less', ORDINARY, ['git config core.pager may make git run programs'], False),
+    ('git config unset core.pager', ORDINARY, ['git config core.pager may make git run programs'], False),
+    ('git config add core.pager x', ORDINARY, ['git config core.pager may make git run programs'], False),
+    ('git config color.ui auto', ORDINARY, ['runs git'], True),
+    ('git config set color.ui auto', ORDINARY, ['runs git'], True),
+    ('git config --global color.ui auto', DANGEROUS, ['git config --global/--system writes outside the workspace'], True),
+    ('git config --system color.ui auto', DANGEROUS, ['git config --global/--system writes outside the workspace'], True),
+    ('git config --file /etc/x color.ui auto', DANGEROUS, ['writes outside the workspace (/etc/x)', 'names a path outside the workspace (/etc/x)'], False),
+    ('git config -f /etc/x color.ui auto', DANGEROUS, ['writes outside the workspace (/etc/x)', 'names a path outside the workspace (/etc/x)'], False),
+    ('git config --fi /etc/x color.ui auto', DANGEROUS, ['writes outside the workspace (/etc/x)', 'names a path outside the workspace (/etc/x)'], False),
+    ('git config --fil /etc/x color.ui auto', DANGEROUS, ['writes outside the workspace (/etc/x)', 'names a path outside the workspace (/etc/x)'], False),
+    ('git config $K x', UNKNOWN, ['git config of a computed key'], True),
+    ('git clone https://x/y /etc/y', DANGEROUS, ['creates a repository in outside the workspace (/etc/y)', 'names a path outside the workspace (/etc/y)'], False),
+    ('git clone https://x/y', ORDINARY, ['runs git'], True),
+    ('git init /etc/y', DANGEROUS, ['creates a repository in outside the workspace (/etc/y)', 'names a path outside the workspace (/etc/y)'], False),
+    ('git init', ORDINARY, ['runs git'], True),
+    ('git worktree add /etc/w main', DANGEROUS, ['creates a worktree in outside the workspace (/etc/w)', 'names a path outside the workspace (/etc/w)'], False),
+    ('git worktree add src/w', ORDINARY, ['runs git'], True),
+]
+
+
+@pytest.mark.parametrize("cmd,level,reasons,coverable", GIT_CASES, ids=[c[0] for c in GIT_CASES])
+def test_git_subcommand_rules(root: Path, cmd: str, level: int, reasons: list[str], coverable: bool) -> None:
+    a = analyze(cmd, root)
+    assert (a.level, a.reasons(), a.steps[0].coverable) == (level, reasons, coverable)
+
+
+@pytest.mark.parametrize("sub", ["push", "reset", "clean", "checkout", "restore", "switch", "branch", "stash", "rm", "gc",
+                                 "reflog", "update-ref", "worktree", "submodule", "filter-branch", "prune"])
+def test_computed_arguments_of_a_git_subcommand_that_can_destroy_work(root: Path, sub: str) -> None:
+    # Slip: a subcommand dropped from the list, so `git reset $MODE` (which may be --hard) is
+    # judged by its words as written.
+    assert analyze(f"git {sub} $X", root).reasons()[0] == f"git {sub} with computed arguments ($X)"
+
+
+def test_computed_git_arguments_elsewhere_and_the_cut_at_40(root: Path) -> None:
+    assert analyze("git status $X", root).reasons() == ["runs git"]
+    word = "$" + "{THE_REMOTE_AND_BRANCH_THAT_THE_SCRIPT_CHOSE}"
+    assert analyze(f"git push {word}", root).reasons() == [f"git push with computed arguments ({word[:40]})"]

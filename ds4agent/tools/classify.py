@@ -1169,8 +1169,6 @@ class _Analyzer:
                 danger = "force-push or remote delete"
             elif any(w.value and (w.value.startswith("+") or w.value.startswith(":")) for w in o.operands):
                 danger = "force-push or remote delete (+refspec or :ref)"
-            elif any(w.value and "+" in w.value.split(":")[0][:1] for w in o.operands):
-                danger = "force-push"
         elif sub == "reset":
             if has_long(o, "--hard") or has_long(o, "--merge") or has_long(o, "--keep"):
                 danger = "discards uncommitted work (git reset --hard)"
@@ -1192,7 +1190,7 @@ class _Analyzer:
             if "f" in o.shorts or "C" in o.shorts or has_long(o, "--force") or has_long(o, "--discard-changes") or has_long(o, "--force-create"):
                 danger = "discards changes or resets a branch (git switch --force / -C)"
         elif sub == "branch":
-            if any(c in o.shorts for c in "DMCf") or has_long(o, "--force") or (has_long(o, "--delete") and has_long(o, "--force")):
+            if any(c in o.shorts for c in "DMCf") or has_long(o, "--force"):  # -d --force too
                 danger = "deletes or overwrites a branch (git branch -D/-M/-C/-f)"
         elif sub == "stash":
             if o.operands and o.operands[0].value in ("drop", "clear"):
@@ -1247,8 +1245,6 @@ class _Analyzer:
                     s.raise_to(DANGEROUS, "git config --global/--system writes outside the workspace")
                 if has_long(o, "--file") or "f" in o.shorts:
                     self.writes(s, [w for n, w in o.values if n in ("-f", "--file", "--fi", "--fil")], "writes")
-        elif sub in ("clone", "init", "worktree", "submodule"):
-            pass
         if danger:
             s.raise_to(DANGEROUS, danger)
         if sub in ("clone", "init"):
