@@ -414,3 +414,197 @@ def test_computed_git_arguments_elsewhere_and_the_cut_at_40(root: Path) -> None:
     assert analyze("git status $X", root).reasons() == ["runs git"]
     word = "$" + "{THE_REMOTE_AND_BRANCH_THAT_THE_SCRIPT_CHOSE}"
     assert analyze(f"git push {word}", root).reasons() == [f"git push with computed arguments ({word[:40]})"]
+
+
+# -- patterns in what a command writes ---------------------------------------------------------------------
+
+def test_a_pattern_a_command_writes_is_judged_by_what_it_matches(root: Path, tmp_path: Path) -> None:
+    # The bug this found: a written pattern was judged as its literal name only, so
+    # `echo x > .g*/config` (bash writes .git/config) passed as a write inside the workspace,
+    # which auto-edit runs unasked, and a pattern through a link out of the workspace did too.
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "key").write_text("k")
+    (root / "link").symlink_to(outside)
+    assert analyze("echo x > .g*/config", root).reasons() == ["writes inside .git (.g*/config)"]
+    assert analyze("tee .g?t/config", root).reasons() == ["writes inside .git (.g?t/config)"]
+    assert analyze("echo x > lin*/k?y", root).reasons() == [f"writes outside the workspace ({root / 'link' / 'key'})"]
+    # A pattern that matches nothing is written as its literal name, here inside the workspace.
+    a = analyze("echo x > *.txt", root)
+    assert a.level == SAFE and a.writes_workspace
+    assert analyze("echo x > src/*.py", root).level == SAFE
+    a = analyze("cd $D && echo x > *.py", root)
+    assert a.reasons() == ["writes *.py in a directory the shell computes"]
+
+
+# -- wrappers that change user, directory changes, exports, awk's options, written and read paths --------
+
+# (command, level, reasons, coverable), each row reasoned through before it was written down: a
+# slip in any option list, message or branch of these rules changes at least one row.
+RULE_CASES = [
+    ('sudo rm -rf x', DANGEROUS, ['sudo: runs as another user', 'recursive delete', 'forced delete'], True),
+    ('doas rm -rf x', DANGEROUS, ['doas: runs as another user', 'recursive delete', 'forced delete'], True),
+    ("su -c 'rm -rf x'", DANGEROUS, ['su: runs as another user', 'recursive delete', 'forced delete'], True),
+    ("su --command 'rm -rf x'", DANGEROUS, ['su: runs as another user', 'recursive delete', 'forced delete'], True),
+    ("su --command='rm -rf x'", DANGEROUS, ['su: runs as another user', 'recursive delete', 'forced delete'], True),
+    ("su --session-command 'rm -rf x'", DANGEROUS, ['su: runs as another user', 'recursive delete', 'forced delete'], True),
+    ("su -l root -c 'rm -rf x'", DANGEROUS, ['su: runs as another user', 'recursive delete', 'forced delete'], True),
+    ("su -g wheel -c 'rm -rf x'", DANGEROUS, ['su: runs as another user', 'recursive delete', 'forced delete'], True),
+    ("su --group wheel -c 'rm -rf x'", DANGEROUS, ['su: runs as another user', 'recursive delete', 'forced delete'], True),
+    ("su -s /bin/sh -c 'rm -rf x'", DANGEROUS, ['su: runs as another user', 'names a path outside the workspace (/bin/sh)', 'recursive delete', 'forced delete'], False),
+    ("su --shell /bin/sh -c 'rm -rf x'", DANGEROUS, ['su: runs as another user', 'names a path outside the workspace (/bin/sh)', 'recursive delete', 'forced delete'], False),
+    ('su -u x -c ls', DANGEROUS, ['su: runs as another user'], True),
+    ('su root', DANGEROUS, ['su: runs as another user'], True),
+    ('run0 rm -rf x', DANGEROUS, ['run0: runs as another user'], True),
+    ('pkexec rm -rf x', DANGEROUS, ['pkexec: runs as another user'], True),
+    ('runuser -u x -- rm -rf y', DANGEROUS, ['runuser: runs as another user'], True),
+    ('cd src; ls', SAFE, ['runs cd', 'runs ls'], True),
+    ('cd -; ls', ORDINARY, ['runs in a directory the shell computes'], True),
+    ('cd +1; ls', ORDINARY, ['runs in a directory the shell computes'], True),
+    ('cd -L src; ls', SAFE, ['runs cd', 'runs ls'], True),
+    ('cd -P /etc; ls', ORDINARY, ['runs in a directory outside the workspace (/etc)'], True),
+    ('cd -- /etc; ls', ORDINARY, ['runs in a directory outside the workspace (/etc)'], True),
+    ('cd -e /etc; ls', ORDINARY, ['runs in a directory outside the workspace (/etc)'], True),
+    ('cd -Pe /etc; ls', ORDINARY, ['runs in a directory outside the workspace (/etc)'], True),
+    ('cd /etc extra; ls', ORDINARY, ['runs in a directory outside the workspace (/etc)'], True),
+    ('builtin cd /etc; ls', ORDINARY, ['runs in a directory the shell computes'], True),
+    ('command cd /etc; ls', ORDINARY, ['runs in a directory the shell computes'], True),
+    ('pushd; ls', ORDINARY, ['runs in a directory the shell computes'], True),
+    ('pushd -n /etc; ls', ORDINARY, ['runs in a directory outside the workspace (/etc)'], True),
+    ('pushd +2; ls', ORDINARY, ['runs in a directory the shell computes'], True),
+    ('popd -1; ls', ORDINARY, ['runs in a directory the shell computes'], True),
+    ('cd -12; ls', ORDINARY, ['runs in a directory the shell computes'], True),
+    ('export X=1; ls', UNKNOWN, ['sets X, which changes what the programs after it are or read'], False),
+    ('export -n X; ls', SAFE, ['runs export', 'runs ls'], True),
+    ('declare -x X=1; ls', UNKNOWN, ['sets X, which changes what the programs after it are or read'], False),
+    ('declare -f foo; ls', SAFE, ['runs declare', 'runs ls'], True),
+    ('declare -F; ls', SAFE, ['runs declare', 'runs ls'], True),
+    ('typeset -x X=1; ls', UNKNOWN, ['sets X, which changes what the programs after it are or read'], False),
+    ('local X=1', SAFE, ['runs local'], True),
+    ('readonly X=1; ls', SAFE, ['runs readonly', 'runs ls'], True),
+    ('declare -x PATH=/tmp/x; ls', UNKNOWN, ['may set PATH (e.g. in arithmetic, a loop or read), which changes what its programs are or read'], False),
+    ('typeset PATH=/tmp/x; ls', UNKNOWN, ['may set PATH (e.g. in arithmetic, a loop or read), which changes what its programs are or read'], False),
+    ('readonly PATH=/tmp/x; ls', UNKNOWN, ['may set PATH (e.g. in arithmetic, a loop or read), which changes what its programs are or read'], False),
+    ('local PATH=/tmp/x; ls', UNKNOWN, ['may set PATH (e.g. in arithmetic, a loop or read), which changes what its programs are or read'], False),
+    ('export PATH=/tmp/x; ls', UNKNOWN, ['may set PATH (e.g. in arithmetic, a loop or read), which changes what its programs are or read'], False),
+    ('declare -fx foo; ls', SAFE, ['runs declare', 'runs ls'], True),
+    ('declare -A m; ls', SAFE, ['runs declare', 'runs ls'], True),
+    ('awk -f prog.awk x', UNKNOWN, ['awk runs a program from a file, which is not checked'], False),
+    ('awk --file=prog.awk x', UNKNOWN, ['awk runs a program from a file, which is not checked'], False),
+    ('awk --file prog.awk x', UNKNOWN, ['awk runs a program from a file, which is not checked'], False),
+    ("awk -i lib.awk '{print}' x", UNKNOWN, ['awk runs a program from a file, which is not checked'], False),
+    ("awk --include lib.awk '{print}' x", UNKNOWN, ['awk runs a program from a file, which is not checked'], False),
+    ("awk --include=lib '{print}' x", UNKNOWN, ['awk runs a program from a file, which is not checked'], False),
+    ("awk -l ext '{print}' x", UNKNOWN, ['awk runs a program from a file, which is not checked'], False),
+    ("awk --load ext '{print}' x", UNKNOWN, ['awk runs a program from a file, which is not checked'], False),
+    ('awk -E prog.awk x', UNKNOWN, ['awk runs a program from a file, which is not checked'], False),
+    ('awk --exec prog.awk x', UNKNOWN, ['awk runs a program from a file, which is not checked'], False),
+    ("awk -v x=1 '{print}' f", SAFE, ['runs awk'], True),
+    ("awk --assign x=1 '{print}' f", SAFE, ['runs awk'], True),
+    ("awk -F: '{print $1}' f", SAFE, ['runs awk'], True),
+    ("awk -F : '{print $1}' f", SAFE, ['runs awk'], True),
+    ("awk --field-separator : '{print $1}' f", SAFE, ['runs awk'], True),
+    ('awk --source \'{system("x")}\' f', UNKNOWN, ['the awk program may run commands or write files (system, |, >, getline ...)'], False),
+    ("awk --source='{print}' f", SAFE, ['runs awk'], True),
+    ("awk -- '{print}' f", SAFE, ['runs awk'], True),
+    ('awk $P f', UNKNOWN, ['awk runs a computed program'], False),
+    ('awk \'{print > "/etc/x"}\' f', UNKNOWN, ['the awk program may run commands or write files (system, |, >, getline ...)'], False),
+    ('awk', SAFE, ['runs awk'], True),
+    ('echo x > $F', UNKNOWN, ['writes a computed path ($F)'], True),
+    ('echo x > *.txt', SAFE, ['runs echo'], True),
+    ('echo x > src/*.py', SAFE, ['runs echo'], True),
+    ('echo x > "$D/x"', UNKNOWN, ['writes a computed path ("$D/x")'], True),
+    ('cd $D && echo x > f', UNKNOWN, ['writes f in a directory the shell computes'], True),
+    ('echo x > /dev/null', SAFE, ['runs echo'], True),
+    ('echo x > /dev/fd/3', SAFE, ['runs echo'], True),
+    ('echo x > /dev/stderr', SAFE, ['runs echo'], True),
+    ('echo x > /dev/sda', DANGEROUS, ['writes a device (/dev/sda)'], False),
+    ('echo x > .git/config', DANGEROUS, ['writes inside .git (.git/config)'], False),
+    ('cat /etc/passwd', ORDINARY, ['names a path outside the workspace (/etc/passwd)'], False),
+    ('cat .git/config', SAFE, ['runs cat'], True),
+    ('cat src/.git/x', SAFE, ['runs cat'], True),
+    ('cat --file=/etc/x', ORDINARY, ['names a path outside the workspace (/etc/x)'], False),
+    ('cat -f/etc/x', SAFE, ['runs cat'], True),
+    ('cat x=/etc/y', SAFE, ['runs cat'], True),
+    ('ls -la /etc', ORDINARY, ['names a path outside the workspace (/etc)'], False),
+    ('ls --color=auto', SAFE, ['runs ls'], True),
+    ('grep -r x .', SAFE, ['runs grep'], True),
+    ('rm -rf $D/x', DANGEROUS, ['recursive delete', 'forced delete', 'rm with arguments the shell computes ($D/x), which may be options', 'deletes a computed path ($D/x)'], True),
+    ('cd $D && cat f', ORDINARY, ['runs in a directory the shell computes'], True),
+]
+
+
+@pytest.mark.parametrize("cmd,level,reasons,coverable", RULE_CASES, ids=[c[0] for c in RULE_CASES])
+def test_rules_for_users_directories_exports_awk_and_paths(root: Path, cmd: str, level: int, reasons: list[str],
+                                                           coverable: bool) -> None:
+    a = analyze(cmd, root)
+    assert (a.level, a.reasons(), a.steps[0].coverable) == (level, reasons, coverable)
+
+
+def test_home_is_outside(root: Path) -> None:
+    home = Path.home()
+    assert analyze("cd; ls", root).reasons() == [f"runs in a directory outside the workspace ({home})"]
+    assert analyze("echo x > ~/x", root).reasons() == [f"writes outside the workspace ({home / 'x'})"]
+    assert analyze("cat ~/x", root).reasons() == [f"names a path outside the workspace ({home / 'x'})"]
+
+
+# (command, level, reasons, coverable): the option tables of su/runuser, awk and the declaration
+# builtins, found wrong or unpinned by the fifth round.
+OPTION_CASES = [
+    # Bugs this found: gawk's -I (--trace, a flag) was read as taking a value, which hid the
+    # program after it (a system() call passed as an ordinary run of gawk); su's -l (--login,
+    # a flag) likewise hid the -c command after it.
+    ('gawk -I \'BEGIN{system("rm -rf x")}\'', UNKNOWN,
+     ['the gawk program may run commands or write files (system, |, >, getline ...)'], False),
+    ('awk -I \'BEGIN{system("rm -rf x")}\'', UNKNOWN,
+     ['the awk program may run commands or write files (system, |, >, getline ...)'], False),
+    ("su -l -c 'rm -rf x'", DANGEROUS, ['su: runs as another user', 'recursive delete', 'forced delete'], True),
+    # getopt gives an option that takes a value the next word, even one that starts with "-".
+    ("su -g -c -c 'rm -rf x'", DANGEROUS, ['su: runs as another user', 'recursive delete', 'forced delete'], True),
+    ("su -G -c -c 'rm -rf x'", DANGEROUS, ['su: runs as another user', 'recursive delete', 'forced delete'], True),
+    ("su -s -c -c 'rm -rf x'", DANGEROUS, ['su: runs as another user', 'recursive delete', 'forced delete'], True),
+    ("su -w -c -c 'rm -rf x'", DANGEROUS, ['su: runs as another user', 'recursive delete', 'forced delete'], True),
+    ("su --group -c -c 'rm -rf x'", DANGEROUS, ['su: runs as another user', 'recursive delete', 'forced delete'], True),
+    ("su --supp-group -c -c 'rm -rf x'", DANGEROUS, ['su: runs as another user', 'recursive delete', 'forced delete'], True),
+    ("su --shell -c -c 'rm -rf x'", DANGEROUS, ['su: runs as another user', 'recursive delete', 'forced delete'], True),
+    ("su --whitelist-environment -c -c 'rm -rf x'", DANGEROUS, ['su: runs as another user', 'recursive delete', 'forced delete'], True),
+    ("runuser -u -c -c 'rm -rf x'", DANGEROUS, ['runuser: runs as another user', 'recursive delete', 'forced delete'], True),
+    ("runuser --user -c -c 'rm -rf x'", DANGEROUS, ['runuser: runs as another user', 'recursive delete', 'forced delete'], True),
+    ('typeset $X', UNKNOWN, ['typeset of a computed name'], True),
+    ('declare $X', UNKNOWN, ['declare of a computed name'], True),
+    ('local $X', UNKNOWN, ['local of a computed name'], True),
+    ('readonly $X', UNKNOWN, ['readonly of a computed name'], True),
+    ('export $X', UNKNOWN, ['export of a computed name'], True),
+    ('awk --include', UNKNOWN, ['awk runs a program from a file, which is not checked'], False),
+    ('awk --file', UNKNOWN, ['awk runs a program from a file, which is not checked'], False),
+    ('awk --load', UNKNOWN, ['awk runs a program from a file, which is not checked'], False),
+    ('awk --exec', UNKNOWN, ['awk runs a program from a file, which is not checked'], False),
+    ('awk --field-separator : \'BEGIN{system("x")}\'', UNKNOWN,
+     ['the awk program may run commands or write files (system, |, >, getline ...)'], False),
+    ('awk -F : \'BEGIN{system("x")}\'', UNKNOWN, ['the awk program may run commands or write files (system, |, >, getline ...)'], False),
+    ('awk -v x=1 \'BEGIN{system("x")}\'', UNKNOWN, ['the awk program may run commands or write files (system, |, >, getline ...)'], False),
+    ('awk --assign x=1 \'BEGIN{system("x")}\'', UNKNOWN,
+     ['the awk program may run commands or write files (system, |, >, getline ...)'], False),
+    ('echo x > /dev/fd/3', SAFE, ['runs echo'], True),
+]
+
+
+@pytest.mark.parametrize("cmd,level,reasons,coverable", OPTION_CASES, ids=[c[0] for c in OPTION_CASES])
+def test_option_tables(root: Path, cmd: str, level: int, reasons: list[str], coverable: bool) -> None:
+    a = analyze(cmd, root)
+    assert (a.level, a.reasons(), a.steps[0].coverable) == (level, reasons, coverable)
+
+
+def test_cd_options_and_stack_entries(root: Path) -> None:
+    # Slips: an option with a digit after its letter (`-a1`) taken for a directory; `+1` (a
+    # stack entry) taken for a directory of that name.
+    assert analyze("cd -a1; ls", root).reasons() == [f"runs in a directory outside the workspace ({Path.home()})"]
+    (root / "+1").mkdir()
+    assert analyze("cd +1; ls", root).reasons() == ["runs in a directory the shell computes"]
+    assert analyze("cd src; ls", root).level == SAFE
+
+
+def test_a_computed_written_path_is_named_by_its_first_60_characters(root: Path) -> None:
+    word = "$" + "{THE_OUTPUT_FILE_THAT_THE_CALLER_GAVE_US_TO_WRITE_INTO_WHEN_IT_IS_DONE}"
+    assert len(word) > 61
+    assert analyze(f"echo x > {word}", root).reasons() == [f"writes a computed path ({word[:60]})"]

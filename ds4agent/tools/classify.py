@@ -539,14 +539,13 @@ class _Analyzer:
         if cmd.kind == "declaration":
             name = step.program or ""
             exported = name == "export" or any(w.value and w.value.startswith("-") and "x" in w.value for w in step.argv[1:])
-            self.assignment(step.assigns, exported=exported or name == "export")
+            self.assignment(step.assigns, exported=exported)
             step.inert = True
             if name in ("export", "declare", "typeset", "local", "readonly"):
                 for w in step.argv[1:]:
+                    # A computed word may be any name=value; the options (-x, -f ...) were read above.
                     if w.value is None:
                         step.raise_to(UNKNOWN, f"{name} of a computed name")
-                    elif w.value.startswith("-") and any(c in w.value for c in "fF"):
-                        pass  # declare -f: prints or exports functions
             return [step]
         out = [step]
         self.unwrap(step, out, depth)
@@ -568,10 +567,13 @@ class _Analyzer:
                 return
             base = os.path.basename(prog)
             args = step.argv[1:]
-            if base in ("sudo", "doas", "su", "run0", "pkexec", "runuser"):
+            if base in ("sudo", "doas", "su", "runuser"):  # run0, pkexec: the dangerous table names them
                 step.raise_to(DANGEROUS, f"{base}: runs as another user")
                 if base in ("su", "runuser"):
-                    o = scan(args, "cglsu", {"--command", "--group", "--shell", "--session-command"})
+                    # The options that take a value (util-linux su and runuser): -l is --login, a flag,
+                    # so the -c after it is seen.
+                    o = scan(args, "cgGswu", {"--command", "--group", "--supp-group", "--shell", "--session-command",
+                                              "--whitelist-environment", "--user"})
                     for w in opt_values(o, "-c", "--command", "--session-command"):
                         self.nested(step, w, f"{base} -c", out, depth)
                     return
@@ -1255,7 +1257,7 @@ class _Analyzer:
         s.git_write = sub in GIT_WRITES and s.coverable and s.level < UNKNOWN and s.cwd is None
 
     def awk(self, s: Step, base: str, args: list[Word]) -> None:
-        o = scan(args, "fvFiIlE", {"--file", "--assign", "--field-separator", "--include", "--load", "--exec", "--source"}, permute=False)
+        o = scan(args, "fvFilE", {"--file", "--assign", "--field-separator", "--include", "--load", "--exec", "--source"}, permute=False)
         if opt_values(o, "-f", "--file", "-i", "--include", "-l", "--load", "-E", "--exec") or any(has_long(o, x) for x in ("--file", "--include", "--load", "--exec")):
             s.raise_to(UNKNOWN, f"{base} runs a program from a file, which is not checked")
             s.coverable = False
@@ -1290,9 +1292,26 @@ class _Analyzer:
                 return
             raise_(UNKNOWN, f"{verb} a computed path ({w.source[:60]})")
             return
-        if w.glob and w.value[:1] in "*?[":
-            pass
-        for where, p in self.places_of(w.value, s, start):
+        places = self.places_of(w.value, s, start)
+        if w.glob:
+            # bash expands a pattern in a redirection or a writer's operand before it writes, so
+            # what it matches is judged too: `> .g*/config` writes .git/config, and `lin*/key`
+            # may pass through a link out of the workspace. Hidden names count (`shopt -s
+            # dotglob` passes as harmless). The literal name stays judged: with no match bash
+            # writes it, and what matches may change before the command runs.
+            for c in self.dirs_of(s, start) if not w.value.startswith("/") else {self.places.root}:
+                if c is None:
+                    continue  # the literal name's place already says the directory is unknown
+                try:
+                    matches = globmod.glob(w.value, root_dir=str(c), include_hidden=True)[:2001]
+                except (OSError, ValueError):
+                    matches = []
+                if len(matches) > 2000:
+                    raise_(UNKNOWN, f"{verb} {w.value}: the pattern matches too many files to check")
+                for m in matches[:2000]:
+                    q = Path(os.path.normpath(Path(c) / m))
+                    places.append((self.places.where(q), q))
+        for where, p in places:
             if where is None:
                 raise_(UNKNOWN, f"{verb} {w.value} in a directory the shell computes")
             elif where == "git":
@@ -1317,7 +1336,7 @@ class _Analyzer:
 
     def places_of(self, value: str, s: Step | None, start: set | None = None) -> list[tuple[str | None, Path | None]]:
         p = self.places
-        if value in NULL_DEVICES or value.startswith("/dev/fd/"):
+        if value in NULL_DEVICES:  # (/dev/fd/N too, by Places.where)
             return [("null", Path(value))]
         out: list[tuple[str | None, Path | None]] = []
         for c in (self.dirs_of(s, start) if not value.startswith("/") else {p.root}):
