@@ -765,6 +765,13 @@ class _Analyzer:
             return
         if family == "shell":
             o = scan(args, "oO", {"--rcfile", "--init-file"}, permute=False)
+            rc = opt_values(o, "--rcfile", "--init-file")
+            if rc and "i" in o.shorts:
+                # Only an interactive shell reads its startup file, and then before anything
+                # else: what that file runs is not seen here (`bash -i --rcfile x.sh -c ls`
+                # passed as a read-only ls). Without -i, bash ignores the option.
+                step.raise_to(UNKNOWN, f"{base} -i runs its startup file ({rc[0].source[:60]}), which is not checked")
+                step.coverable = False
             if "c" in o.shorts:
                 if not o.operands:
                     step.raise_to(UNKNOWN, f"{base} -c without a command")
