@@ -728,3 +728,164 @@ NESTED_CASES = [
 def test_commands_inside_commands(root: Path, cmd: str, level: int, reasons: list[str], coverable: bool) -> None:
     a = analyze(cmd, root)
     assert (a.level, a.reasons(), a.steps[0].coverable) == (level, reasons, coverable)
+
+
+# -- git on the read-only list: listing forms pass unasked, every form that changes something does not ------
+
+# (command, level, reasons, coverable). is_safe's own reason is read only for whether it is
+# there (and for the reads-outside prefix), so these rows pin the decision itself: a listing
+# form at SAFE, each option or word that makes the subcommand change something at ORDINARY.
+GIT_READ_CASES = [
+    ('git branch', SAFE, ['runs git'], True),
+    ('git branch -a', SAFE, ['runs git'], True),
+    ('git branch -d x', ORDINARY, ['runs git'], True),
+    ('git branch -D x', DANGEROUS, ['deletes or overwrites a branch (git branch -D/-M/-C/-f)'], True),
+    ('git branch -m a b', ORDINARY, ['runs git'], True),
+    ('git branch -M a b', DANGEROUS, ['deletes or overwrites a branch (git branch -D/-M/-C/-f)'], True),
+    ('git branch -c a b', ORDINARY, ['runs git'], True),
+    ('git branch -C a b', DANGEROUS, ['deletes or overwrites a branch (git branch -D/-M/-C/-f)'], True),
+    ('git branch -f x', DANGEROUS, ['deletes or overwrites a branch (git branch -D/-M/-C/-f)'], True),
+    ('git branch -u origin/x', ORDINARY, ['runs git'], True),
+    ('git branch --delete x', ORDINARY, ['runs git'], True),
+    ('git branch --move a b', ORDINARY, ['runs git'], True),
+    ('git branch --copy a b', ORDINARY, ['runs git'], True),
+    ('git branch --force x', DANGEROUS, ['deletes or overwrites a branch (git branch -D/-M/-C/-f)'], True),
+    ('git branch --set-upstream-to=origin/x', ORDINARY, ['runs git'], True),
+    ('git branch --unset-upstream', ORDINARY, ['runs git'], True),
+    ('git branch --edit-description', ORDINARY, ['runs git'], True),
+    ('git branch --track x origin/x', ORDINARY, ['runs git'], True),
+    ('git branch --no-track x origin/x', ORDINARY, ['runs git'], True),
+    ('git branch --create-reflog x', ORDINARY, ['runs git'], True),
+    ('git branch --recurse-submodules x', ORDINARY, ['runs git'], True),
+    ('git branch newname', ORDINARY, ['runs git'], True),
+    ("git branch -l 'fe*'", SAFE, ['runs git'], True),
+    ("git branch --list 'fe*'", SAFE, ['runs git'], True),
+    ('git branch --contains HEAD', SAFE, ['runs git'], True),
+    ('git branch --no-contains HEAD x', SAFE, ['runs git'], True),
+    ('git branch --merged main', SAFE, ['runs git'], True),
+    ('git branch --no-merged main', SAFE, ['runs git'], True),
+    ('git branch --points-at HEAD', SAFE, ['runs git'], True),
+    ('git tag', SAFE, ['runs git'], True),
+    ('git tag -d v1', ORDINARY, ['runs git'], True),
+    ('git tag -f v1', ORDINARY, ['runs git'], True),
+    ('git tag -a v1', ORDINARY, ['runs git'], True),
+    ('git tag -s v1', ORDINARY, ['runs git'], True),
+    ('git tag -u key v1', ORDINARY, ['runs git'], True),
+    ('git tag -m msg v1', ORDINARY, ['runs git'], True),
+    ('git tag -e v1', ORDINARY, ['runs git'], True),
+    ('git tag --delete v1', ORDINARY, ['runs git'], True),
+    ('git tag --force v1', ORDINARY, ['runs git'], True),
+    ('git tag --annotate v1', ORDINARY, ['runs git'], True),
+    ('git tag --sign v1', ORDINARY, ['runs git'], True),
+    ('git tag --message=m v1', ORDINARY, ['runs git'], True),
+    ('git tag --file=f v1', ORDINARY, ['runs git'], True),
+    ('git tag --edit v1', ORDINARY, ['runs git'], True),
+    ('git tag v1', ORDINARY, ['runs git'], True),
+    ("git tag -l 'v*'", SAFE, ['runs git'], True),
+    ("git tag --list 'v*'", SAFE, ['runs git'], True),
+    ('git tag --contains HEAD', SAFE, ['runs git'], True),
+    ('git tag --no-contains HEAD', SAFE, ['runs git'], True),
+    ('git tag --merged main', SAFE, ['runs git'], True),
+    ('git tag --no-merged main', SAFE, ['runs git'], True),
+    ('git tag --points-at HEAD', SAFE, ['runs git'], True),
+    ('git remote', SAFE, ['runs git'], True),
+    ('git remote -v', SAFE, ['runs git'], True),
+    ('git remote get-url origin', SAFE, ['runs git'], True),
+    ('git remote add x url', ORDINARY, ['runs git'], True),
+    ('git remote remove x', ORDINARY, ['runs git'], True),
+    ('git config --get user.name', SAFE, ['runs git'], True),
+    ('git config --get-all user.name', SAFE, ['runs git'], True),
+    ('git config --get-regexp user', SAFE, ['runs git'], True),
+    ('git config --list', SAFE, ['runs git'], True),
+    ('git config --get-urlmatch http x', SAFE, ['runs git'], True),
+    ('git config --show-origin --list', SAFE, ['runs git'], True),
+    ('git config --show-scope --list', SAFE, ['runs git'], True),
+    ('git config --name-only --list', SAFE, ['runs git'], True),
+    ('git config -l', SAFE, ['runs git'], True),
+    ('git config get user.name', SAFE, ['runs git'], True),
+    ('git config list', SAFE, ['runs git'], True),
+    ('git config --add --get x', ORDINARY, ['runs git'], True),
+    ('git config --unset x', ORDINARY, ['git config x may make git run programs'], False),
+    ('git config --unset-all x', ORDINARY, ['git config x may make git run programs'], False),
+    ('git config --replace-all x y', ORDINARY, ['git config x may make git run programs'], False),
+    ('git config --rename-section a b', ORDINARY, ['git config a may make git run programs'], False),
+    ('git config --remove-section a', ORDINARY, ['git config a may make git run programs'], False),
+    ('git config --edit', ORDINARY, ['runs git'], True),
+    ('git config -e', ORDINARY, ['runs git'], True),
+    ('git config set user.name x', ORDINARY, ['runs git'], True),
+    ('git config unset user.name', ORDINARY, ['runs git'], True),
+    ('git config rename-section a b', ORDINARY, ['git config rename-section may make git run programs'], False),
+    ('git config remove-section a', ORDINARY, ['git config remove-section may make git run programs'], False),
+    ('git config edit', ORDINARY, ['git config edit may make git run programs'], False),
+    ('git config user.name', ORDINARY, ['runs git'], True),
+    ('git stash list', SAFE, ['runs git'], True),
+    ('git stash show', SAFE, ['runs git'], True),
+    ('git stash', ORDINARY, ['runs git'], True),
+    ('git stash push', ORDINARY, ['runs git'], True),
+    ('git reflog', SAFE, ['runs git'], True),
+    ('git reflog show', SAFE, ['runs git'], True),
+    ('git reflog exists HEAD', SAFE, ['runs git'], True),
+    ('git reflog expire', DANGEROUS, ['deletes reflog entries (loses the way back)'], True),
+    ('git reflog delete x', DANGEROUS, ['deletes reflog entries (loses the way back)'], True),
+    ('git reflog drop', ORDINARY, ['runs git'], True),
+    ('git reflog HEAD', SAFE, ['runs git'], True),
+    ('git worktree list', SAFE, ['runs git'], True),
+    ('git worktree add x', ORDINARY, ['runs git'], True),
+    ('git notes', SAFE, ['runs git'], True),
+    ('git notes list', SAFE, ['runs git'], True),
+    ('git notes show', SAFE, ['runs git'], True),
+    ('git notes add -m x', ORDINARY, ['runs git'], True),
+    ('git submodule', SAFE, ['runs git'], True),
+    ('git submodule status', SAFE, ['runs git'], True),
+    ('git submodule summary', SAFE, ['runs git'], True),
+    ('git submodule update', ORDINARY, ['runs git'], True),
+    ('git grep -O x', ORDINARY, ['runs git'], True),
+    ('git grep --open-files-in-pager x', ORDINARY, ['runs git'], True),
+    ('git grep x', SAFE, ['runs git'], True),
+    ('git help -w log', ORDINARY, ['runs git'], True),
+    ('git help --web log', ORDINARY, ['runs git'], True),
+    ('git help log', SAFE, ['runs git'], True),
+    ('git --no-pager log', SAFE, ['runs git'], True),
+    ('git -P log', SAFE, ['runs git'], True),
+    ('git --no-optional-locks status', SAFE, ['runs git'], True),
+    ('git --literal-pathspecs log', SAFE, ['runs git'], True),
+    ('git --no-replace-objects log', SAFE, ['runs git'], True),
+    ('git --glob-pathspecs log', SAFE, ['runs git'], True),
+    ('git --noglob-pathspecs log', SAFE, ['runs git'], True),
+    ('git --icase-pathspecs log', SAFE, ['runs git'], True),
+    ('git --paginate log', SAFE, ['runs git'], True),
+    ('git -p log', SAFE, ['runs git'], True),
+    ('git -C src log', SAFE, ['runs git'], True),
+    ('git -C', SAFE, ['runs git'], True),
+    ('git -c color.ui=never log', SAFE, ['runs git'], True),
+    ('git -c core.pager=x log', UNKNOWN, ['git -c core.pager can make git run programs'], False),
+    ('git -c', UNKNOWN, ['git -c  can make git run programs'], False),
+    ('git --bogus log', ORDINARY, ['runs git'], True),
+    ('git log /etc/x', ORDINARY, ['names a path outside the workspace (/etc/x)'], False),
+    # A reading option with a writing one (or word) still writes.
+    ('git config -l -e', ORDINARY, ['runs git'], True),
+    ('git config --list --edit', ORDINARY, ['runs git'], True),
+    ('git config --list unset x', ORDINARY, ['runs git'], True),
+    ('git config --get x --unset', ORDINARY, ['runs git'], True),
+    ('git config --list --remove-section', ORDINARY, ['runs git'], True),
+    ('git config --list rename-section', ORDINARY, ['runs git'], True),
+]
+
+
+@pytest.mark.parametrize("cmd,level,reasons,coverable", GIT_READ_CASES, ids=[c[0] for c in GIT_READ_CASES])
+def test_git_read_only_forms(root: Path, cmd: str, level: int, reasons: list[str], coverable: bool) -> None:
+    a = analyze(cmd, root)
+    assert (a.level, a.reasons(), a.steps[0].coverable) == (level, reasons, coverable)
+
+
+def test_git_read_only_patterns_are_expanded(root: Path, tmp_path: Path) -> None:
+    # Slip: git's own read check (reads_inside) dropped: a pattern that matches a link out of
+    # the workspace is named only as its literal text, which lies inside.
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "key").write_text("k")
+    (root / "link").symlink_to(outside)
+    a = analyze("git log -- lin*/key", root)
+    assert a.level == ORDINARY and not a.steps[0].coverable
+    assert a.reasons() == [f"reads outside the workspace ({root / 'link' / 'key'})"]
+    assert analyze("git log -- src/*.py", root).level == SAFE
