@@ -889,3 +889,32 @@ def test_git_read_only_patterns_are_expanded(root: Path, tmp_path: Path) -> None
     assert a.level == ORDINARY and not a.steps[0].coverable
     assert a.reasons() == [f"reads outside the workspace ({root / 'link' / 'key'})"]
     assert analyze("git log -- src/*.py", root).level == SAFE
+
+
+# -- the option scanner: words after a computed one or `--`, abbreviations, a value at the end --------------
+
+SCAN_CASES = [
+    ('rm $X -rf y', DANGEROUS, ['recursive delete', 'forced delete', 'rm with arguments the shell computes ($X), which may be options', 'deletes a computed path ($X)'], True),
+    ('rm -- /etc/passwd', DANGEROUS, ['deletes outside the workspace (/etc/passwd)', 'names a path outside the workspace (/etc/passwd)'], False),
+    ('sort --o /etc/x f', ORDINARY, ['names a path outside the workspace (/etc/x)'], False),
+    ('sort --ou=/etc/x f', ORDINARY, ['names a path outside the workspace (/etc/x)'], False),
+    ('sort -o', ORDINARY, ['runs sort'], True),
+    ('rm --r x', DANGEROUS, ['recursive delete'], True),
+    ('rm --re x', DANGEROUS, ['recursive delete'], True),
+    ('rm --=x y', ORDINARY, ['runs rm'], True),
+    ('cat -- -', SAFE, ['runs cat'], True),
+    ('curl --o /etc/x http://x', DANGEROUS, ['writes outside the workspace (/etc/x)', 'names a path outside the workspace (/etc/x)'], False),
+    ('curl -o', ORDINARY, ['runs curl'], True),
+    ('curl --out /etc/x http://x', DANGEROUS, ['writes outside the workspace (/etc/x)', 'names a path outside the workspace (/etc/x)'], False),
+    ('tar -C', ORDINARY, ['runs tar'], True),
+    ('unzip x.zip -d', ORDINARY, ['runs unzip'], True),
+]
+
+
+@pytest.mark.parametrize("cmd,level,reasons,coverable", SCAN_CASES, ids=[c[0] for c in SCAN_CASES])
+def test_option_scanning(root: Path, cmd: str, level: int, reasons: list[str], coverable: bool) -> None:
+    # Slips: scanning stopped at a computed word or at `--`; a three-letter abbreviation
+    # (`--r`) not matched; `--=x` (an empty name) matching every long option; a value-taking
+    # short option at the end read past the words.
+    a = analyze(cmd, root)
+    assert (a.level, a.reasons(), a.steps[0].coverable) == (level, reasons, coverable)

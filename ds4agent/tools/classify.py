@@ -437,7 +437,7 @@ def scan(args: list[Word], short_arg: str = "", long_arg: frozenset[str] | set[s
             o.longs.append(name)
             if eq:
                 o.values.append((name, Word(val, val)))
-            elif any(name == a or (len(name) > 2 and a.startswith(name)) for a in long_arg) and i < len(args):
+            elif any(a.startswith(name) for a in long_arg) and i < len(args):  # the name or a GNU abbreviation
                 o.values.append((name, args[i]))
                 i += 1
             continue
