@@ -19,6 +19,12 @@ def _steps(a: classify.Analysis) -> list[tuple]:
     return [(s.program, s.level, s.reasons, s.inert, s.coverable) for s in a.steps]
 
 
+def _judged(cmd: str, root: Path) -> tuple:
+    """What the table tests compare: the level, the reasons, whether the first step may be sandboxed."""
+    a = analyze(cmd, root)
+    return a.level, a.reasons(), a.steps[0].coverable
+
+
 # -- programs that change namespaces or privileges ------------------------------------------------
 
 @pytest.mark.parametrize("program", ["nsenter", "unshare", "firejail", "bwrap", "sandbox-exec", "nsjail", "capsh", "setpriv"])
@@ -247,7 +253,7 @@ def test_a_git_option_value_is_not_an_operand(root: Path, option: str) -> None:
     # Slip: the option dropped from the list of those that take the next word, so its value
     # is read as a refspec (one table serves every subcommand; push's `+ref` shows it).
     assert analyze(f"git push {option} +x origin main", root).level == ORDINARY
-    assert analyze(f"git push origin +main", root).level > ORDINARY
+    assert analyze("git push origin +main", root).level > ORDINARY
 
 
 @pytest.mark.parametrize("cmd,why", [
@@ -398,8 +404,7 @@ GIT_CASES = [
 
 @pytest.mark.parametrize("cmd,level,reasons,coverable", GIT_CASES, ids=[c[0] for c in GIT_CASES])
 def test_git_subcommand_rules(root: Path, cmd: str, level: int, reasons: list[str], coverable: bool) -> None:
-    a = analyze(cmd, root)
-    assert (a.level, a.reasons(), a.steps[0].coverable) == (level, reasons, coverable)
+    assert _judged(cmd, root) == (level, reasons, coverable)
 
 
 @pytest.mark.parametrize("sub", ["push", "reset", "clean", "checkout", "restore", "switch", "branch", "stash", "rm", "gc",
@@ -537,8 +542,7 @@ RULE_CASES = [
 @pytest.mark.parametrize("cmd,level,reasons,coverable", RULE_CASES, ids=[c[0] for c in RULE_CASES])
 def test_rules_for_users_directories_exports_awk_and_paths(root: Path, cmd: str, level: int, reasons: list[str],
                                                            coverable: bool) -> None:
-    a = analyze(cmd, root)
-    assert (a.level, a.reasons(), a.steps[0].coverable) == (level, reasons, coverable)
+    assert _judged(cmd, root) == (level, reasons, coverable)
 
 
 def test_home_is_outside(root: Path) -> None:
@@ -591,8 +595,7 @@ OPTION_CASES = [
 
 @pytest.mark.parametrize("cmd,level,reasons,coverable", OPTION_CASES, ids=[c[0] for c in OPTION_CASES])
 def test_option_tables(root: Path, cmd: str, level: int, reasons: list[str], coverable: bool) -> None:
-    a = analyze(cmd, root)
-    assert (a.level, a.reasons(), a.steps[0].coverable) == (level, reasons, coverable)
+    assert _judged(cmd, root) == (level, reasons, coverable)
 
 
 def test_cd_options_and_stack_entries(root: Path) -> None:
@@ -726,8 +729,7 @@ NESTED_CASES = [
 
 @pytest.mark.parametrize("cmd,level,reasons,coverable", NESTED_CASES, ids=[c[0] for c in NESTED_CASES])
 def test_commands_inside_commands(root: Path, cmd: str, level: int, reasons: list[str], coverable: bool) -> None:
-    a = analyze(cmd, root)
-    assert (a.level, a.reasons(), a.steps[0].coverable) == (level, reasons, coverable)
+    assert _judged(cmd, root) == (level, reasons, coverable)
 
 
 # -- git on the read-only list: listing forms pass unasked, every form that changes something does not ------
@@ -874,8 +876,7 @@ GIT_READ_CASES = [
 
 @pytest.mark.parametrize("cmd,level,reasons,coverable", GIT_READ_CASES, ids=[c[0] for c in GIT_READ_CASES])
 def test_git_read_only_forms(root: Path, cmd: str, level: int, reasons: list[str], coverable: bool) -> None:
-    a = analyze(cmd, root)
-    assert (a.level, a.reasons(), a.steps[0].coverable) == (level, reasons, coverable)
+    assert _judged(cmd, root) == (level, reasons, coverable)
 
 
 def test_git_read_only_patterns_are_expanded(root: Path, tmp_path: Path) -> None:
@@ -916,5 +917,4 @@ def test_option_scanning(root: Path, cmd: str, level: int, reasons: list[str], c
     # Slips: scanning stopped at a computed word or at `--`; a three-letter abbreviation
     # (`--r`) not matched; `--=x` (an empty name) matching every long option; a value-taking
     # short option at the end read past the words.
-    a = analyze(cmd, root)
-    assert (a.level, a.reasons(), a.steps[0].coverable) == (level, reasons, coverable)
+    assert _judged(cmd, root) == (level, reasons, coverable)
