@@ -27,6 +27,7 @@ names and their parsed options (short, combined, long and GNU-abbreviated, in an
 from __future__ import annotations
 
 import glob as globmod
+import itertools
 import os
 import re
 import shutil
@@ -1310,7 +1311,8 @@ class _Analyzer:
                 if c is None:
                     continue  # the literal name's place already says the directory is unknown
                 try:
-                    matches = globmod.glob(w.value, root_dir=str(c), include_hidden=True)[:2001]
+                    # Lazily, so a pattern as wide as /*/*/* stops at the limit.
+                    matches = list(itertools.islice(globmod.iglob(w.value, root_dir=str(c), include_hidden=True), 2001))
                 except (OSError, ValueError):
                     matches = []
                 if len(matches) > 2000:
