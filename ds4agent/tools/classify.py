@@ -410,6 +410,13 @@ class Opts:
     after_dashdash: int = -1
 
 
+def _pattern_matches(pattern: str, directory: Path, hidden: bool) -> list[str]:
+    """What a pattern matches in ``directory``, at most 2001 names (one past the 2000 the checks
+    look at, so that too many shows). Lazily, so a pattern as wide as /*/*/* stops there.
+    ``hidden``: whether * also matches names starting with a dot. Raises OSError, ValueError."""
+    return list(itertools.islice(globmod.iglob(pattern, root_dir=str(directory), include_hidden=hidden), 2001))
+
+
 def scan(args: list[Word], short_arg: str = "", long_arg: frozenset[str] | set[str] = frozenset(),
          permute: bool = True) -> Opts:
     """Split arguments GNU-style: clustered short options (``-rf``), values attached or next
@@ -1311,8 +1318,7 @@ class _Analyzer:
                 if c is None:
                     continue  # the literal name's place already says the directory is unknown
                 try:
-                    # Lazily, so a pattern as wide as /*/*/* stops at the limit.
-                    matches = list(itertools.islice(globmod.iglob(w.value, root_dir=str(c), include_hidden=True), 2001))
+                    matches = _pattern_matches(w.value, c, hidden=True)
                 except (OSError, ValueError):
                     matches = []
                 if len(matches) > 2000:
@@ -1550,7 +1556,7 @@ class _Analyzer:
             if c is None:
                 return f"{pattern} in a directory the shell computes"
             try:
-                matches = globmod.glob(pattern, root_dir=str(c), recursive=False)[:2001]
+                matches = _pattern_matches(pattern, c, hidden=False)
             except (OSError, ValueError):
                 return f"the pattern {pattern} cannot be read"
             if len(matches) > 2000:
