@@ -260,6 +260,8 @@ _MAKES_FILES = {"rmdir": ("", set()), "unlink": ("", set()), "tee": ("", set()),
                 "shred": ("ns", {"--iterations", "--size", "--random-source"})}
 # tar's short options that take a value, which old-style bundles (tar cbf 20 a.tar) take in order.
 _TAR_OLD_VALUES = set("bCfFgHIKLNTVX")
+# A chmod mode written with a leading dash: letters GNU chmod reads as permissions, not options.
+_CHMOD_DASH_MODE = re.compile(r"-[rwxXst]+(,[ugoa]*[-+=][rwxXstugo]*)*")
 # Programs that hand work to a daemon running outside the sandbox (containers, terminal
 # multiplexers, the service manager, the desktop): confined or not, the result is not.
 _SERVICES = {"docker", "podman", "nerdctl", "colima", "lima", "limactl", "kubectl", "tmux", "screen", "byobu",
@@ -935,8 +937,6 @@ class _Analyzer:
         elif base in _MAKES_FILES:
             o = scan(args, *_MAKES_FILES[base])
             self.writes(s, o.operands, "writes")
-            if base == "tee":
-                s.prefix = None
         elif base in ("cp", "install", "ln", "rsync", "scp"):
             o = scan(args, "tSm" if base != "rsync" else "efT", {"--target-directory", "--suffix", "--mode", "--rsh",
                                                                      "--filter", "--exclude", "--include", "--temp-dir"})
@@ -963,11 +963,14 @@ class _Analyzer:
                 elif w.value.startswith("of="):
                     self.writes(s, [Word(w.value[3:], w.source)], "writes")
         elif base in ("chmod", "chown", "chgrp", "setfacl", "chattr", "chflags"):
-            o = scan(args, "" if base != "setfacl" else "mMxX", {"--reference", "--from"})
-            if "R" in o.shorts or has_long(o, "--recursive") or (base == "chflags" and "R" in o.shorts):
+            # chmod's mode may start with a dash (chmod -x run.sh, -w,o+r): it is the mode
+            # operand, not options, and the files after it are what changes.
+            dash_mode = [w for w in args if base == "chmod" and w.value and _CHMOD_DASH_MODE.fullmatch(w.value)][:1]
+            o = scan([w for w in args if w not in dash_mode], "" if base != "setfacl" else "mMxX", {"--reference", "--from"})
+            if "R" in o.shorts or has_long(o, "--recursive"):
                 s.raise_to(DANGEROUS, "recursive permission or owner change")
             self.option_risk(s, o, base)
-            ops = o.operands if opt_values(o, "--reference") else o.operands[1:]
+            ops = o.operands if opt_values(o, "--reference") or dash_mode else o.operands[1:]
             self.writes(s, ops, "changes")
         elif base == "find":
             o = vals
@@ -987,7 +990,9 @@ class _Analyzer:
             sub = next((w.value for w in o.operands), None)
             if sub is None and o.operands:
                 s.raise_to(UNKNOWN, f"{base} with a computed action")
-            elif sub not in _SERVICE_READ and not (base == "service" and len(o.operands) > 1 and o.operands[1].value in _SERVICE_READ):
+            # service and OpenRC's rc-service name the service first, the action second.
+            elif sub not in _SERVICE_READ and not (base in ("service", "rc-service") and len(o.operands) > 1
+                                                   and o.operands[1].value in _SERVICE_READ):
                 s.raise_to(DANGEROUS, f"{base}: changes system services")
         elif base == "init" and vals[:1] and vals[0] in ("0", "6", "1", "s", "S"):
             s.raise_to(DANGEROUS, "init: stops the machine")
@@ -999,14 +1004,30 @@ class _Analyzer:
                                                      "--output-dir", "--config", "--upload-file", "--stderr", "--libcurl",
                                                      "--etag-save", "--hsts", "--alt-svc"})
             self.writes(s, opt_values(o, "-o", "--output", "-D", "--dump-header", "-c", "--cookie-jar", "--trace",
-                                      "--trace-ascii", "--output-dir", "--stderr", "--libcurl", "--etag-save"), "writes")
+                                      "--trace-ascii", "--output-dir", "--stderr", "--libcurl", "--etag-save",
+                                      "--hsts", "--alt-svc"), "writes")
+            if opt_values(o, "-K", "--config"):
+                # A config file holds more options (output = /x ...), which are not checked.
+                s.raise_to(UNKNOWN, "curl reads options from a file, which are not checked")
+                s.coverable = False
         elif base in ("wget",):
-            o = scan(args, "OoaP", {"--output-document", "--output-file", "--append-output", "--directory-prefix"})
+            # Every short option of GNU wget that takes a value, so that none swallows the next word.
+            o = scan(args, "OoaPXIDARetTwQBiUl", {"--output-document", "--output-file", "--append-output",
+                                                 "--directory-prefix", "--execute", "--config"})
+            if opt_values(o, "-e", "--execute", "--config"):
+                # A wgetrc command (-e output_document=/x) or file can set where wget writes.
+                s.raise_to(UNKNOWN, "wget runs wgetrc commands given in its options, which are not checked")
+                s.coverable = False
             self.writes(s, opt_values(o, "-O", "--output-document", "-o", "--output-file", "-a", "--append-output",
                                       "-P", "--directory-prefix"), "writes")
         elif base in ("tar", "bsdtar", "gtar"):
-            o = scan(args, "fCIT", {"--file", "--directory", "--use-compress-program", "--to-command", "--files-from",
-                                    "--checkpoint-action", "--info-script", "--new-volume-script", "--rsh-command"})
+            # GNU tar's short options that take a value, less -H and -L: bsdtar (macOS's tar) reads
+            # them as flags, and a flag taken for a value option would swallow the next word
+            # (tar -c -L -f x); a value read as an operand is only named, which asks no less.
+            o = scan(args, "bCfFgIKNTVX",
+                     {"--file", "--directory", "--use-compress-program", "--to-command", "--files-from",
+                      "--checkpoint-action", "--info-script", "--new-volume-script", "--rsh-command",
+                      "--listed-incremental", "--exclude-from"})
             first = vals[0] if vals else ""
             # Old style (tar cf out.tar src, tar xfC a.tar dir): a first word of letters without a
             # dash, each letter that takes a value taking the next word, in order.
@@ -1021,10 +1042,12 @@ class _Analyzer:
             def given(short: str, *longs: str) -> list[Word]:
                 return opt_values(o, "-" + short, *longs) + old.get(short, [])
 
-            if given("I", "--use-compress-program") or opt_values(o, "--to-command", "--checkpoint-action", "--info-script",
-                                                                  "--new-volume-script", "--rsh-command"):
+            if (given("I", "--use-compress-program") or given("F", "--info-script", "--new-volume-script")
+                    or opt_values(o, "--to-command", "--checkpoint-action", "--rsh-command")):
                 s.raise_to(UNKNOWN, "tar runs a program given in its options")
                 s.coverable = False
+            # The incremental snapshot file is rewritten by every run that uses it.
+            self.writes(s, given("g", "--listed-incremental"), "writes")
             letters = set(o.shorts) | (set(first.lstrip("-")) if first and not first.startswith("--") else set())
             if "x" in letters or has_long(o, "--extract") or has_long(o, "--get"):
                 self.writes(s, given("C", "--directory"), "extracts into")
@@ -1032,16 +1055,28 @@ class _Analyzer:
             if letters & set("cruA") or any(has_long(o, x) for x in ("--create", "--append", "--update", "--catenate",
                                                                      "--concatenate", "--delete")):
                 self.writes(s, given("f", "--file"), "writes")
-        elif base in ("unzip", "7z", "7za"):
-            o = scan(args, "d", {"--directory"})
+        elif base == "unzip":
+            o = scan(args, "d")
             self.writes(s, opt_values(o, "-d"), "extracts into")
+        elif base in ("7z", "7za", "7zr"):
+            # 7-Zip: a command letter, the archive, then files; switches are one word each, their
+            # value attached (-o/out, -pSECRET). a/u/d/rn change the archive, e/x extract (into -o).
+            ops = [w for w in args if not (w.value and w.value.startswith("-"))]
+            cmd = ops[0].value if ops else None
+            if cmd in ("a", "u", "d", "rn"):
+                self.writes(s, ops[1:2], "writes")
+            elif cmd in ("e", "x"):
+                self.writes(s, [Word(None if w.value is None else w.value[2:], w.source) for w in args
+                                if (w.value or w.source).startswith("-o")], "extracts into")
         elif base in ("sed", "gsed"):
             o = scan(args, "efl", {"--expression", "--file", "--line-length"})
             scripts = opt_values(o, "-e", "--expression")
-            if "f" in o.shorts or has_long(o, "--file"):
+            from_file = "f" in o.shorts or has_long(o, "--file")
+            if from_file:
                 s.raise_to(UNKNOWN, "sed runs a script from a file, which is not checked")
                 s.coverable = False
-            for sc in scripts or o.operands[:1]:
+            # Without -e or -f the first operand is the script; with -f alone every operand is a file.
+            for sc in scripts or ([] if from_file else o.operands[:1]):
                 if sc.value is None or not _sed_script_ok(sc.value):
                     s.raise_to(UNKNOWN, "the sed script may run commands or write files (e, w, r ...)")
                     s.coverable = False
@@ -1141,7 +1176,6 @@ class _Analyzer:
                 elif name == "--config-env" or not _GIT_BENIGN_CONFIG.fullmatch(value.split("=", 1)[0]):
                     s.raise_to(UNKNOWN, f"git -c {value.split('=', 1)[0]} can make git run programs")
                     s.coverable = False
-                s.prefix = None
             elif name in ("--exec-path", "--git-dir", "--work-tree") and ("=" in v or name != "--exec-path"):
                 s.not_coverable(f"git {name} points git somewhere else")
                 if name == "--exec-path":
