@@ -351,3 +351,160 @@ def test_a_remote_operand_is_not_a_local_write(root: Path, tmp_path: Path) -> No
     # A colon after the first slash is a local name: written, for both.
     for prog in ("rsync", "scp"):
         assert _judged(f"{prog} a /etc/a:b", root)[1][0] == "writes outside the workspace (/etc/a:b)"
+
+
+@pytest.mark.parametrize("where", ["inside", "git", "tmp", "outside"])
+def test_a_read_only_program_found_where_commands_may_write_is_not_read_only(root: Path, tmp_path: Path,
+                                                                              where: str) -> None:
+    # Slip: one of the places the sandbox lets commands write dropped from _resolves_safely. A
+    # `cat` that PATH finds in the workspace, in its .git or in a temporary folder may have been
+    # written by an earlier command: running it is running that file.
+    from ds4agent.tools.classify import Places
+
+    d = {"inside": root / "bin", "git": root / ".git" / "bin", "tmp": tmp_path / "scratch",
+         "outside": tmp_path / "usr" / "bin"}[where]
+    d.mkdir(parents=True)
+    (d / "cat").write_text("#!/bin/sh\n")
+    (d / "cat").chmod(0o755)
+    places = Places.for_root(root, tmp=((tmp_path / "scratch").resolve(),))
+    a = analyze("cat src/app.py", root, places=places, env={"PATH": str(d)})
+    assert (a.level, a.reasons(), a.steps[0].coverable) == (SAFE if where == "outside" else ORDINARY, ["runs cat"], True)
+
+
+# Where a command runs and what it names or reads, the read-only list's own checks (find's
+# writing actions, date's clock setting, uniq's and xxd's output operand, env, awk's options),
+# and git's creating subcommands. Notable rows:
+# - `uniq - b` writes b: "-" is stdin as the input, the second operand is still the output
+#   (it was not counted, so the command passed as read-only); uniq's and xxd's output is now
+#   judged as a write, with their value options (-f 1 is no output file);
+# - `date -I 0101` sets the clock: -I takes its format attached only;
+# - `env -u X` only prints: what env runs becomes a step of its own.
+READ_CASES = [
+    ('cd src && cat ../src/app.py', SAFE, ['runs cd', 'runs cat'], True),
+    ('cd $D && cat /etc/x', ORDINARY, ['runs in a directory the shell computes', 'names a path outside the workspace (/etc/x)'], True),
+    ('cd $D && echo x > /etc/x', DANGEROUS, ['writes outside the workspace (/etc/x)'], True),
+    ('cd $D && foo ../x', ORDINARY, ['runs in a directory the shell computes', 'names ../x in a directory the shell computes'], True),
+    ('cat -x/../../etc/passwd', SAFE, ['runs cat'], True),
+    ('foo .git/config', UNKNOWN, ['foo is given a path inside .git (.git/config)'], False),
+    ('foo src/.git/x', UNKNOWN, ['foo is given a path inside .git (src/.git/x)'], False),
+    ('foo -o/etc/x', ORDINARY, ['runs foo'], True),
+    ('foo --out=/etc/x', ORDINARY, ['names a path outside the workspace (/etc/x)'], False),
+    ('git diff .git/config', SAFE, ['runs git'], True),
+    ('echo x > */config', DANGEROUS, ['writes inside .git (*/config)'], False),
+    ('echo x > /dev/null', SAFE, ['runs echo'], True),
+    ('ls -XL src', ORDINARY, ['runs ls'], True),
+    ('ls -X -L .', ORDINARY, ['runs ls'], True),
+    ('ls --ignore=/etc/x', ORDINARY, ['names a path outside the workspace (/etc/x)'], False),
+    ('ls --ignore=/etc/a=b', ORDINARY, ['names a path outside the workspace (/etc/a=b)'], False),
+    ('ls --ignore= /etc/x', ORDINARY, ['names a path outside the workspace (/etc/x)'], False),
+    ('ls; shopt -s extdebug', ORDINARY, ['runs ls', 'shopt changes how the shell reads what follows'], True),
+    ('find . -fprint out.txt', ORDINARY, ['runs find'], True),
+    ('find . -fprint0 out.txt', ORDINARY, ['runs find'], True),
+    ('find . -fprintf out.txt %p', ORDINARY, ['runs find'], True),
+    ('find . -fls out.txt', ORDINARY, ['runs find'], True),
+    ('find . -okdir ls {} \\;', ORDINARY, ['runs find', 'runs ls'], True),
+    ('find . -ok ls {} \\;', ORDINARY, ['runs find', 'runs ls'], True),
+    ('find -L . -name x', ORDINARY, ['runs find'], True),
+    ('find . -follow -name x', ORDINARY, ['runs find'], True),
+    ('find -H . -name x', ORDINARY, ['runs find'], True),
+    ('find . -name x', SAFE, ['runs find'], True),
+    ('date +%s 0101', ORDINARY, ['runs date'], True),
+    ('date -X 0101', ORDINARY, ['runs date'], True),
+    ('date -I 0101', ORDINARY, ['runs date'], True),
+    ('date --date 2020-01-01', SAFE, ['runs date'], True),
+    ('date --reference src/app.py', SAFE, ['runs date'], True),
+    ('date -r src/app.py', SAFE, ['runs date'], True),
+    ('date --file dates.txt', ORDINARY, ['runs date'], True),
+    ('date -f dates.txt', ORDINARY, ['runs date'], True),
+    ('date 0101', ORDINARY, ['runs date'], True),
+    ('uniq - b', ORDINARY, ['runs uniq'], True),
+    ('uniq a b', ORDINARY, ['runs uniq'], True),
+    ('uniq a -', SAFE, ['runs uniq'], True),
+    ('uniq -f 1 a', SAFE, ['runs uniq'], True),
+    ('uniq -s 1 a', SAFE, ['runs uniq'], True),
+    ('uniq -w 1 a', SAFE, ['runs uniq'], True),
+    ('uniq --skip-fields 1 a', SAFE, ['runs uniq'], True),
+    ('uniq --skip-chars 1 a', SAFE, ['runs uniq'], True),
+    ('uniq --check-chars 1 a', SAFE, ['runs uniq'], True),
+    ('uniq a .git/config', DANGEROUS, ['writes inside .git (.git/config)'], False),
+    ('uniq a /etc/x', DANGEROUS, ['writes outside the workspace (/etc/x)', 'names a path outside the workspace (/etc/x)'], False),
+    ('xxd - out', ORDINARY, ['runs xxd'], True),
+    ('xxd -c 8 a', SAFE, ['runs xxd'], True),
+    ('xxd -g 2 a', SAFE, ['runs xxd'], True),
+    ('xxd -l 8 a', SAFE, ['runs xxd'], True),
+    ('xxd -o 8 a', SAFE, ['runs xxd'], True),
+    ('xxd -s 8 a', SAFE, ['runs xxd'], True),
+    ('xxd -n name -i a', SAFE, ['runs xxd'], True),
+    ('xxd -R always a', SAFE, ['runs xxd'], True),
+    ('xxd -r a .git/x', DANGEROUS, ['writes inside .git (.git/x)'], False),
+    ('env -u X', SAFE, ['runs env'], True),
+    ('env -0', SAFE, ['runs env'], True),
+    ('git init a /etc/x', ORDINARY, ['names a path outside the workspace (/etc/x)'], False),
+    ('git worktree add a /etc/x', ORDINARY, ['names a path outside the workspace (/etc/x)'], False),
+    ('git config -l', SAFE, ['runs git'], True),
+    ('git config --show-origin user.name', SAFE, ['runs git'], True),
+    ('git config --get user.name', SAFE, ['runs git'], True),
+    ('git config --list', SAFE, ['runs git'], True),
+    ('awk -X \'BEGIN{system("ls")}\'', UNKNOWN, ['the awk program may run commands or write files (system, |, >, getline ...)'], False),
+    ('awk --assign x=1 \'BEGIN{system("ls")}\'', UNKNOWN, ['the awk program may run commands or write files (system, |, >, getline ...)'], False),
+    ('awk --field-separator , \'BEGIN{system("ls")}\'', UNKNOWN, ['the awk program may run commands or write files (system, |, >, getline ...)'], False),
+    ('awk -v x=1 \'BEGIN{system("ls")}\'', UNKNOWN, ['the awk program may run commands or write files (system, |, >, getline ...)'], False),
+    ('awk -F , \'BEGIN{system("ls")}\'', UNKNOWN, ['the awk program may run commands or write files (system, |, >, getline ...)'], False),
+    ("awk -i inc.awk '{print}'", UNKNOWN, ['awk runs a program from a file, which is not checked'], False),
+    ("awk -l lib '{print}'", UNKNOWN, ['awk runs a program from a file, which is not checked'], False),
+    ('awk -E x.awk', UNKNOWN, ['awk runs a program from a file, which is not checked'], False),
+    ('awk -f x.awk', UNKNOWN, ['awk runs a program from a file, which is not checked'], False),
+    ("awk --include inc.awk '{print}'", UNKNOWN, ['awk runs a program from a file, which is not checked'], False),
+    ("awk --load lib '{print}'", UNKNOWN, ['awk runs a program from a file, which is not checked'], False),
+    ('awk --exec x.awk', UNKNOWN, ['awk runs a program from a file, which is not checked'], False),
+    ("awk '/re/' src/app.py", SAFE, ['runs awk'], True),
+    ("awk '{print}' /etc/x", ORDINARY, ['names a path outside the workspace (/etc/x)'], False),
+]
+
+
+@pytest.mark.parametrize("cmd,level,reasons,coverable", READ_CASES, ids=[c[0] for c in READ_CASES])
+def test_where_commands_run_and_what_they_read(root: Path, cmd: str, level: int, reasons: list[str],
+                                              coverable: bool) -> None:
+    assert _judged(cmd, root) == (level, reasons, coverable)
+
+
+def test_home_and_parent_paths_are_named(root: Path) -> None:
+    # Slip: "~" or ".." dropped from what makes an operand look like a path.
+    home = Path(os.path.expanduser("~"))
+    assert _judged("foo ~/x", root) == (ORDINARY, [f"names a path outside the workspace ({home / 'x'})"], False)
+    assert _judged("foo ../x", root) == (ORDINARY, [f"names a path outside the workspace ({root.parent / 'x'})"], False)
+
+
+def test_a_step_before_the_one_that_changes_the_shell_is_not_read_only(root: Path) -> None:
+    # Slip: is_safe ignoring a taint set by a later step. `ls; shopt -s extdebug`: ls was judged
+    # before shopt tainted the command, and the final pass must still keep it from SAFE.
+    a = analyze("ls; shopt -s extdebug", root)
+    assert [(s.program, s.level) for s in a.steps] == [("ls", ORDINARY), ("shopt", ORDINARY)]
+    assert [(s.program, s.level) for s in analyze("ls; shopt -s nullglob", root).steps][0] == ("ls", SAFE)
+
+
+@pytest.mark.parametrize("awk", ["awk", "gawk", "mawk", "nawk"])
+def test_an_awk_program_is_not_taken_for_a_path(root: Path, tmp_path: Path, awk: str) -> None:
+    # Slip: a name of the awk family left out of is_safe's awk case, so its program text is read
+    # as a file name: '/re/' would be a path outside the workspace.
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / awk).write_text("#!/bin/sh\n")
+    (bin_ / awk).chmod(0o755)
+    a = analyze(f"{awk} '/re/' src/app.py", root, env={"PATH": str(bin_)})
+    assert (a.level, a.reasons(), a.steps[0].coverable) == (SAFE, [f"runs {awk}"], True)
+
+
+@pytest.mark.parametrize("n,too_many", [(2000, False), (2001, True)])
+def test_a_pattern_is_checked_up_to_two_thousand_matches(root: Path, n: int, too_many: bool) -> None:
+    # Slip: the limit moved by one. 2000 matches are each judged; one more and the pattern is
+    # reported as too wide to check, for a write (touch) and for a read (cat).
+    many = root / "many"
+    many.mkdir()
+    for k in range(n):
+        (many / f"f{k}").touch()
+    w = analyze("touch many/*", root)
+    r = analyze("cat many/*", root)
+    assert ("writes many/*: the pattern matches too many files to check" in w.reasons()) is too_many
+    # (The read check's answer is not a reason of its own: the step is only kept from SAFE.)
+    assert (w.level, r.level) == ((UNKNOWN, ORDINARY) if too_many else (ORDINARY, SAFE))

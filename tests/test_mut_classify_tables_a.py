@@ -313,9 +313,25 @@ def test_version_queries_are_safe(root: Path, env: dict[str, str]) -> None:
     assert _mismatches(root, env, expected) == []
 
 
+def test_other_version_spellings_only_where_they_are_one(root: Path, env: dict[str, str]) -> None:
+    # Slip: -v, -V or `version` taken as a version query for every tool on the list. For some it
+    # runs something: pytest -v runs the tests, python -v, ruby -v and bash -v read commands,
+    # cargo -v and black -v are "verbose", make builds a target named version, npx fetches and
+    # runs a package, gcc compiles a file of that name, yarn and pnpm bump the project version.
+    expected = {f"{p} {word}": SAFE for word, progs in classify._VERSION_WORDS.items() for p in progs}
+    assert len(expected) == 39
+    for word, progs in (("-v", ["pytest", "python", "python3", "ruby", "bash", "sh", "zsh", "cargo", "black", "mypy",
+                                 "java", "go", "rustc", "pip"]),
+                        ("-V", ["node", "npm", "bash", "make", "gcc", "go", "black", "php"]),
+                        ("version", ["make", "npx", "npm", "yarn", "pnpm", "bun", "gcc", "python", "pytest", "bash",
+                                     "cmake", "java", "black", "tsc", "deno"])):
+        expected |= {f"{p} {word}": ORDINARY for p in progs}
+    assert _mismatches(root, env, expected) == []
+
+
 def test_docker_and_kubectl_ask_even_for_their_version(root: Path, env: dict[str, str]) -> None:
-    # Both are on _VERSION_ONLY, but they talk to a daemon or a cluster (`docker version` prints
-    # the server's): the service rule makes every use ask, so their entries never decide.
+    # Neither is a version query: they talk to a daemon or a cluster (`docker version` prints
+    # the server's), and the service rule makes every use ask.
     for cmd in ("docker --version", "docker version", "kubectl --version"):
         (s,) = analyze(cmd, root, env=env).steps
         assert (s.level, s.coverable) == (ORDINARY, False), cmd

@@ -299,6 +299,9 @@ SAFE_PROGRAMS: dict[str, tuple[str, tuple[str, ...]]] = {
     "tty": ("", ()), "getconf": ("", ()), "ps": ("", ()), "free": ("", ()), "uptime": ("", ()), "lsb_release": ("", ()),
     "sw_vers": ("", ()), "groups": ("", ()), "less": ("", ()), "more": ("", ()),
 }
+# Read-only programs whose second operand is an output file (uniq IN OUT, xxd IN OUT; "-" is
+# stdout, also as the input), with the options that take a value.
+_OUTPUT_OPERAND = {"uniq": ("fsw", {"--skip-fields", "--skip-chars", "--check-chars"}), "xxd": ("cglosnR", set())}
 _NOT_PAGERS = {"less", "more"}  # listed only to be refused a clear reason
 # Programs whose every operand may be anything (strings, not paths or options that matter).
 _ANY_ARGS = {"echo", "printf", "true", "false", ":", "test", "[", "expr", "seq", "sleep", "basename", "dirname"}
@@ -312,8 +315,17 @@ _INERT = {"cd", "pushd", "popd", "dirs", "pwd", "echo", "printf", "true", "false
           "shift", "return", "exit", "break", "continue", "let", "getopts", "jobs", "umask"}
 _VERSION_ONLY = {"python", "python3", "node", "npm", "npx", "pnpm", "yarn", "bun", "deno", "cargo", "rustc", "rustup",
                  "go", "gcc", "g++", "clang", "clang++", "cc", "c++", "make", "cmake", "pip", "pip3", "uv", "java",
-                 "javac", "ruby", "gem", "perl", "php", "git", "docker", "kubectl", "swift", "dotnet", "ld", "gdb",
+                 "javac", "ruby", "gem", "perl", "php", "git", "swift", "dotnet", "ld", "gdb",
                  "lldb", "poetry", "tsc", "ruff", "black", "mypy", "pytest", "bash", "zsh", "sh", "jq", "rg", "fd"}
+# `--version` is a version query for all of them; the other spellings only where they are one.
+# Elsewhere the same word runs something: `pytest -v` runs the tests, `python -v` and `bash -v`
+# read commands, `make version` builds a target, `npx version` fetches and runs a package,
+# `gcc version` compiles a file, `yarn version` bumps the project's version.
+_VERSION_WORDS = {"version": {"go", "git", "cargo", "ruff", "poetry", "uv"},
+                  "-V": {"python", "python3", "cargo", "rustc", "rustup", "deno", "pip", "pip3", "uv", "perl", "rg",
+                         "fd", "jq", "mypy", "pytest", "ruff", "poetry"},
+                  "-v": {"node", "npm", "npx", "pnpm", "yarn", "bun", "gcc", "g++", "clang", "clang++", "cc", "c++",
+                         "make", "perl", "php", "tsc"}}
 
 # git: read-only subcommands, the options that make them write or run programs, and the
 # subcommands that change .git (allowed to write it inside the sandbox when git runs alone).
@@ -981,6 +993,10 @@ class _Analyzer:
                     i = o.index(v)
                     if i + 1 < len(args):
                         self.writes(s, [args[i + 1]], "writes")
+        elif base in _OUTPUT_OPERAND:
+            out = scan(args, *_OUTPUT_OPERAND[base]).operands[1:2]
+            if out and out[0].value != "-":
+                self.writes(s, out, "writes")
         elif base == "git":
             self.git(s, args)
         elif base == "kill":
@@ -1481,21 +1497,17 @@ class _Analyzer:
         if prog != base and not _system_program(prog):
             return f"{prog} is not a system program"
         vals = s.values()
-        if base in _VERSION_ONLY and len(vals) == 2 and vals[1] in ("--version", "-V", "version", "-v") and \
-                (base not in ("go", "docker") or vals[1] == "version" or vals[1] == "--version"):
+        if base in _VERSION_ONLY and len(vals) == 2 and (vals[1] == "--version" or base in _VERSION_WORDS.get(vals[1], ())):
             return self._resolves_safely(base)
         if base not in SAFE_PROGRAMS:
             return f"{base} is not on the read-only list"
         if base in _NOT_PAGERS:
             return f"{base} is interactive"
-        if s.level > SAFE and s.level != ORDINARY:
-            return "not read-only"
         if not s.coverable:
-            return "; ".join(s.reasons) or "not read-only"
-        if self.tainted:
+            # Its reasons are already on the step; repeating them here (joined) added a second copy.
+            return "the sandbox may not run it"
+        if self.tainted:  # set by a later step (ls; shopt -s extdebug): this one was judged before it
             return self.tainted
-        if any(not _env_ok(n, v) for n, v in s.assigns):
-            return "sets environment variables"
         why = self._resolves_safely(base)
         if why:
             return why
@@ -1513,13 +1525,15 @@ class _Analyzer:
             # directory) made it not coverable, so it is not waved through either.
             return None
         if base == "env":
-            return None if not args else "env runs a command"
-        if base in ("uniq", "xxd"):
-            o = scan(args)
-            if len([w for w in o.operands if w.value != "-"]) > 1:
+            # What env runs became a step of its own (unwrap); what is left only prints.
+            return None
+        if base in _OUTPUT_OPERAND:
+            out = scan(args, *_OUTPUT_OPERAND[base]).operands[1:2]
+            if out and out[0].value != "-":
                 return f"{base} with an output file"
         if base == "date":
-            o = scan(args, "dfrI", {"--date", "--reference", "--file"})
+            # -I takes its format attached only (-Iseconds): `date -I 0101` sets the clock.
+            o = scan(args, "dfr", {"--date", "--reference", "--file"})
             if any(not (w.value or "").startswith("+") for w in o.operands):
                 return "date with an operand sets the clock"
         if base == "hostname" and [w for w in args if w.value and not w.value.startswith("-")]:
