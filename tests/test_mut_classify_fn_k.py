@@ -325,7 +325,7 @@ WRITE_CASES = [
     ('wget u', ORDINARY, ['runs wget'], True),
     # An option that takes a value takes the next word even when it starts with a dash.
     ("sed --expression p --expression 'w /etc/x' a", UNKNOWN, ['the sed script may run commands or write files (e, w, r ...)'], False),
-    ('sed -i -e p --file /etc/x a', UNKNOWN, ['sed runs a script from a file, which is not checked'], False),
+    ('sed -i -e p --file /etc/x a', UNKNOWN, ['sed runs a script from a file, which is not checked', 'names a path outside the workspace (/etc/x)'], False),
     ('curl u --upload-file -o /etc/x', ORDINARY, ['names a path outside the workspace (/etc/x)'], False),
     ('mv a b --target-directory -S /etc/x', DANGEROUS, ['moves outside the workspace (/etc/x)', 'names a path outside the workspace (/etc/x)'], False),
 ]
@@ -508,3 +508,65 @@ def test_a_pattern_is_checked_up_to_two_thousand_matches(root: Path, n: int, too
     assert ("writes many/*: the pattern matches too many files to check" in w.reasons()) is too_many
     # (The read check's answer is not a reason of its own: the step is only kept from SAFE.)
     assert (w.level, r.level) == ((UNKNOWN, ORDINARY) if too_many else (ORDINARY, SAFE))
+
+
+def test_what_a_read_pattern_matches_is_judged_as_bash_expands_it(root: Path, tmp_path: Path) -> None:
+    # Slips: hidden names matched by * (bash does not, without dotglob), the option-like name
+    # check dropped, a pattern starting with a dash taken for a path.
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "f").write_text("x")
+    os.symlink(tmp_path / "out", root / ".hid")
+
+    def steps(cmd: str) -> list[tuple]:
+        return [(s.level, s.reasons, s.coverable) for s in analyze(cmd, root).steps]
+
+    assert steps("cat *") == [(SAFE, [], True)]
+    assert steps("cat */f") == [(SAFE, [], True)]
+    assert steps("cat .h*/f") == [(ORDINARY, [f"reads outside the workspace ({root}/.hid/f)"], False)]
+    assert steps("cat -*") == [(ORDINARY, [], True)]  # the pattern expands to options
+    (root / "-rf").write_text("")
+    assert steps("cat *") == [(ORDINARY, [], True)]  # matches a name that reads as an option
+    assert steps("cat src/*") == [(SAFE, [], True)]
+
+
+# Which words of grep, sed, jq ... name files (_path_words): not the pattern (the first operand,
+# or -e's value), but -f's file, and with -f every operand. `grep -f /etc/x a` read a file
+# outside the workspace as read-only (the -f value was passed over), and after -f the first
+# operand was still taken for the pattern (`grep -f p /etc/y`); ag's -f is a flag.
+PATTERN_CASES = [
+    ('grep -f /etc/x a', ORDINARY, ['names a path outside the workspace (/etc/x)'], False),
+    ('grep --file /etc/x a', ORDINARY, ['names a path outside the workspace (/etc/x)'], False),
+    ('grep -f/etc/x a', ORDINARY, ['names a path outside the workspace (/etc/x)'], False),
+    ('grep --file=/etc/x a', ORDINARY, ['names a path outside the workspace (/etc/x)'], False),
+    ('grep -f p /etc/y', ORDINARY, ['names a path outside the workspace (/etc/y)'], False),
+    ('grep -f p a', SAFE, ['runs grep'], True),
+    ('rg -f /etc/x a', ORDINARY, ['names a path outside the workspace (/etc/x)'], False),
+    ('jq -f /etc/x a', ORDINARY, ['names a path outside the workspace (/etc/x)'], False),
+    ('ag -f x /etc/y', ORDINARY, ['names a path outside the workspace (/etc/y)'], False),
+    ('grep -e /etc/x a', SAFE, ['runs grep'], True),
+    ('grep /etc/x a', SAFE, ['runs grep'], True),
+    ('grep -e x /etc/y', ORDINARY, ['names a path outside the workspace (/etc/y)'], False),
+    ('grep --regexp x /etc/y', ORDINARY, ['names a path outside the workspace (/etc/y)'], False),
+    ('grep --regexp=/etc/x a', SAFE, ['runs grep'], True),
+    ('grep --expression x /etc/y', ORDINARY, ['names a path outside the workspace (/etc/y)'], False),
+    ('grep -e/etc/x a', SAFE, ['runs grep'], True),
+    ('grep -ex /etc/y', ORDINARY, ['names a path outside the workspace (/etc/y)'], False),
+    ('grep -- /etc/x a', SAFE, ['runs grep'], True),
+    ('grep -- -x /etc/y', ORDINARY, ['names a path outside the workspace (/etc/y)'], False),
+    ('grep x - /etc/y', ORDINARY, ['names a path outside the workspace (/etc/y)'], False),
+    ('grep -i x /etc/y', ORDINARY, ['names a path outside the workspace (/etc/y)'], False),
+    ('grep -e x -e y /etc/z', ORDINARY, ['names a path outside the workspace (/etc/z)'], False),
+    ('sed --expression=p /etc/y', ORDINARY, ['names a path outside the workspace (/etc/y)'], False),
+    ('sed -e p -- -n /etc/y', ORDINARY, ['names a path outside the workspace (/etc/y)'], False),
+    ('jq -e . /etc/y', ORDINARY, ['names a path outside the workspace (/etc/y)'], False),
+    ('jq -ex /etc/y', SAFE, ['runs jq'], True),
+    ('jq . /etc/y', ORDINARY, ['names a path outside the workspace (/etc/y)'], False),
+    ('grep x .git/config', SAFE, ['runs grep'], True),
+    ('grep -f p .git/config', SAFE, ['runs grep'], True),
+]
+
+
+@pytest.mark.parametrize("cmd,level,reasons,coverable", PATTERN_CASES, ids=[c[0] for c in PATTERN_CASES])
+def test_which_words_of_a_pattern_tool_are_files(root: Path, cmd: str, level: int, reasons: list[str],
+                                                coverable: bool) -> None:
+    assert _judged(cmd, root) == (level, reasons, coverable)

@@ -1570,33 +1570,18 @@ class _Analyzer:
         return None
 
     def reads_inside(self, s: Step, args: list[Word]) -> str | None:
+        """What a read-only program's patterns expand to. Its other paths were judged by
+        operand_places (the same words: outside, a device, a computed directory, .git), its
+        directory and `<` redirections by reads_and_dirs; either leaves the step not sandboxable,
+        and is_safe stops before this. A pattern is judged there by its literal text only."""
         for w in _path_words(os.path.basename(s.program or ""), args):
-            v = w.value
-            if v is None:
-                return "computed argument"
-            if w.glob and v.startswith("-"):
-                return f"the pattern {v} expands to options"
-            if v.startswith("-") and "=" not in v:
+            if not w.glob or w.value is None:
                 continue
-            if v.startswith("-"):
-                v = v.split("=", 1)[1]
-            if not v:
-                continue
-            if w.glob:
-                why = self.glob_inside(s, v)
-                if why:
-                    return why
-                continue
-            for where, p in self.places_of(v, s):
-                if where is None:
-                    return f"{v} in a directory the shell computes"
-                if where in ("outside", "device"):
-                    return f"reads outside the workspace ({p})"
-        for r in s.redirects:
-            if r.op in ("<", "<>") and r.target is not None and r.target.value is not None:
-                for where, p in self.places_of(r.target.value, s):
-                    if where in ("outside", "device", None):
-                        return f"reads outside the workspace ({p})"
+            if w.value.startswith("-"):
+                return f"the pattern {w.value} expands to options"
+            why = self.glob_inside(s, w.value)
+            if why:
+                return why
         return None
 
     def glob_inside(self, s: Step, pattern: str) -> str | None:
@@ -1709,6 +1694,9 @@ def _path_words(base: str, args: list[Word]) -> list[Word]:
     out: list[Word] = []
     skip_next = pattern_given = False
     dashdash = False
+    # -f FILE (grep's patterns, sed's and awk's script, jq's filter) names a file that is read,
+    # and then every operand is a file; ag's -f is a flag (follow links).
+    file_opts = ("-f", "--file") if base != "ag" else ("--file",)
     for w in args:
         v = w.value
         if skip_next:
@@ -1718,12 +1706,18 @@ def _path_words(base: str, args: list[Word]) -> list[Word]:
             if v == "--":
                 dashdash = True
                 continue
-            if v in ("-e", "--regexp", "--expression", "-f", "--file"):
-                skip_next = True
-                pattern_given = pattern_given or v in ("-e", "--regexp", "--expression")
+            if v in ("-e", "--regexp", "--expression"):
+                skip_next = pattern_given = True
                 continue
+            if v in file_opts:
+                pattern_given = True
+                continue  # the next word is the file: an operand like any other
             if v.startswith(("--regexp=", "--expression=")) or (v.startswith("-e") and len(v) > 2 and base != "jq"):
                 pattern_given = True
+                continue
+            if v.startswith("-f") and len(v) > 2 and "-f" in file_opts:
+                pattern_given = True
+                out.append(Word(v[2:], w.source))
                 continue
             out.append(w)
             continue
