@@ -1265,7 +1265,7 @@ class _Analyzer:
         elif sub in ("filter-branch", "filter-repo"):
             danger = "rewrites the whole history"
         elif sub == "reflog":
-            if o.operands and o.operands[0].value in ("expire", "delete"):
+            if o.operands and o.operands[0].value in ("expire", "delete", "drop"):  # drop: git 2.50's whole-reflog delete
                 danger = "deletes reflog entries (loses the way back)"
         elif sub == "gc":
             if any(n.startswith("--prune") for n in o.longs) or has_long(o, "--aggressive"):
@@ -1657,7 +1657,8 @@ def _git_listing(sub: str, o: Opts, rest: list[Word]) -> str | None:
             return "git tag NAME creates a tag"
         return None
     if sub == "remote":
-        return None if not ops or ops[0] in ("get-url", "-v") else f"git remote {ops[0]}"
+        # (-v is an option, never the first operand)
+        return None if not ops or ops[0] == "get-url" else f"git remote {ops[0]}"
     if sub == "config":
         reading = any(has_long(o, x) for x in ("--get", "--get-all", "--get-regexp", "--list", "--get-urlmatch",
                                                "--show-origin", "--show-scope", "--name-only")) or "l" in o.shorts
@@ -1670,8 +1671,8 @@ def _git_listing(sub: str, o: Opts, rest: list[Word]) -> str | None:
     if sub == "stash":
         return None if ops and ops[0] in ("list", "show") else "git stash that changes stashes"
     if sub == "reflog":
-        return None if not ops or ops[0] in ("show", "exists") or not ops[0] in ("expire", "delete") and ops[0] != "" and \
-            ops[0] not in ("expire", "delete", "drop") else "git reflog that deletes entries"
+        # show, exists, list and a ref (git reflog HEAD is show) only read
+        return "git reflog that deletes entries" if ops and ops[0] in ("expire", "delete", "drop") else None
     if sub == "worktree":
         return None if ops and ops[0] == "list" else "git worktree that changes worktrees"
     if sub == "notes":
