@@ -245,7 +245,8 @@ def test_git_listing_forms_are_safe(root: Path, command: str) -> None:
 
 
 def test_git_reflog_drop_is_not_read_only(root: Path) -> None:
-    assert _steps(analyze("git reflog drop", root)) == [("git", ORDINARY, [], "", True)]
+    # git 2.50's `reflog drop` deletes a ref's whole reflog: as dangerous as `reflog delete`.
+    assert _steps(analyze("git reflog drop", root)) == [("git", DANGEROUS, ["deletes reflog entries (loses the way back)"], "", True)]
 
 
 # -- the read-only list --------------------------------------------------------------------------------

@@ -829,7 +829,7 @@ GIT_READ_CASES = [
     ('git reflog exists HEAD', SAFE, ['runs git'], True),
     ('git reflog expire', DANGEROUS, ['deletes reflog entries (loses the way back)'], True),
     ('git reflog delete x', DANGEROUS, ['deletes reflog entries (loses the way back)'], True),
-    ('git reflog drop', ORDINARY, ['runs git'], True),
+    ('git reflog drop', DANGEROUS, ['deletes reflog entries (loses the way back)'], True),
     ('git reflog HEAD', SAFE, ['runs git'], True),
     ('git worktree list', SAFE, ['runs git'], True),
     ('git worktree add x', ORDINARY, ['runs git'], True),
