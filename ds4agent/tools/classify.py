@@ -302,6 +302,13 @@ SAFE_PROGRAMS: dict[str, tuple[str, tuple[str, ...]]] = {
 # Read-only programs whose second operand is an output file (uniq IN OUT, xxd IN OUT; "-" is
 # stdout, also as the input), with the options that take a value.
 _OUTPUT_OPERAND = {"uniq": ("fsw", {"--skip-fields", "--skip-chars", "--check-chars"}), "xxd": ("cglosnR", set())}
+
+
+def _output_file(base: str, args: list[Word]) -> list[Word]:
+    """uniq's or xxd's output file ([] when there is none, or it is "-")."""
+    out = scan(args, *_OUTPUT_OPERAND[base]).operands[1:2]
+    return out if out and out[0].value != "-" else []
+
 _NOT_PAGERS = {"less", "more"}  # listed only to be refused a clear reason
 # Programs whose every operand may be anything (strings, not paths or options that matter).
 _ANY_ARGS = {"echo", "printf", "true", "false", ":", "test", "[", "expr", "seq", "sleep", "basename", "dirname"}
@@ -994,9 +1001,7 @@ class _Analyzer:
                     if i + 1 < len(args):
                         self.writes(s, [args[i + 1]], "writes")
         elif base in _OUTPUT_OPERAND:
-            out = scan(args, *_OUTPUT_OPERAND[base]).operands[1:2]
-            if out and out[0].value != "-":
-                self.writes(s, out, "writes")
+            self.writes(s, _output_file(base, args), "writes")
         elif base == "git":
             self.git(s, args)
         elif base == "kill":
@@ -1527,10 +1532,8 @@ class _Analyzer:
         if base == "env":
             # What env runs became a step of its own (unwrap); what is left only prints.
             return None
-        if base in _OUTPUT_OPERAND:
-            out = scan(args, *_OUTPUT_OPERAND[base]).operands[1:2]
-            if out and out[0].value != "-":
-                return f"{base} with an output file"
+        if base in _OUTPUT_OPERAND and _output_file(base, args):
+            return f"{base} with an output file"
         if base == "date":
             # -I takes its format attached only (-Iseconds): `date -I 0101` sets the clock.
             o = scan(args, "dfr", {"--date", "--reference", "--file"})
