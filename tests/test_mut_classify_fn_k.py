@@ -610,3 +610,13 @@ GIT_FORM_CASES = [
 @pytest.mark.parametrize("cmd,level,reasons,coverable", GIT_FORM_CASES, ids=[c[0] for c in GIT_FORM_CASES])
 def test_git_read_only_forms(root: Path, cmd: str, level: int, reasons: list[str], coverable: bool) -> None:
     assert _judged(cmd, root) == (level, reasons, coverable)
+
+
+def test_a_program_whose_name_starts_like_a_reason_stays_coverable(root: Path) -> None:
+    # Slip: the read-only check's reason compared by a short opening ("names"): a program off
+    # the list whose own name starts so ("namesake is not on the read-only list") lost its
+    # "always". Only a read that leads out of the workspace makes a step not coverable here.
+    for cmd in ("namesake x", "readsoutside x"):
+        a = analyze(cmd, root)
+        assert a.steps[0].coverable and a.steps[0].prefix == (cmd.split()[0],), cmd
+        assert a.steps[0].unsafe == f"{cmd.split()[0]} is not on the read-only list"

@@ -274,6 +274,28 @@ def test_without_a_sandbox_auto_edit_asks_for_every_command(ws) -> None:
     assert pol.request(FAKE["bash"], {"command": "ls -la"}, ws) is None
 
 
+@pytest.mark.parametrize("command,why", [
+    ("git branch topic", "git branch NAME creates a branch"),
+    ("make", "make is not on the read-only list"),
+    ("ls -L src", "ls -L"),
+    ("git stash", "git stash that changes stashes"),
+    ("cat /etc/hosts", "names a path outside the workspace (/etc/hosts)"),  # said once, by its reason
+])
+def test_auto_edit_says_what_kept_a_command_off_the_read_only_list(ws, command, why) -> None:
+    # Auto-edit runs read-only commands unasked; when it asks, the reason names the word that
+    # made the difference. Ask mode asks for every command, so there it would be noise.
+    pol = _policy("auto-edit")
+    pol.backend, pol._detected = detect() or object(), True  # any mechanism: confined
+    req = pol.request(FAKE["bash"], {"command": command}, ws)
+    assert req is not None and req.reason == f"runs a shell command ({why})", req and req.reason
+    asked = _policy("ask").request(FAKE["bash"], {"command": command}, ws)
+    # (a path named outside is said in both modes: it is what an "always" could not cover)
+    assert asked is not None and asked.reason == (req.reason if why.startswith("names a path") else "runs a shell command")
+    # A read that leads out is said once, not again as the read-only check's own reason.
+    req = pol.request(FAKE["bash"], {"command": "cat li*"}, ws)
+    assert req is not None and req.reason.count("reads outside") == 1, req.reason
+
+
 @pytest.mark.parametrize("command,prefix", [
     ("pytest -x tests", ("pytest",)), ("npm test", ("npm", "test")), ("npm test -- --watch", ("npm", "test")),
     ("npm run build", ("npm", "run", "build")), ("git commit -m 'x'", ("git", "commit")), ("git push origin main", ("git", "push")),

@@ -66,6 +66,9 @@ class Step:
     inert: bool = False  # cd, echo, true, set -e ...: never needs an approval
     writes: bool = False  # redirects output into a workspace file
     git_write: bool = False  # a git command that may write the repository's .git
+    # Why the read-only check did not pass it ("git branch NAME creates a branch"): auto-edit
+    # says so when it asks. None: it passed, or it was never asked (inert, or above ORDINARY).
+    unsafe: str | None = None
 
     @property
     def program(self) -> str | None:
@@ -1991,12 +1994,13 @@ def analyze(command: str, root: Path, *, places: Places | None = None, env: dict
             s.level = SAFE
             continue
         if s.level <= ORDINARY:
-            why = an.is_safe(s)
+            why = s.unsafe = an.is_safe(s)
             if why is None and s.coverable:
                 s.level = SAFE
-            elif why and why.startswith(("reads outside", "names")):
+            elif why and why.startswith("reads outside the workspace ("):
                 # As for a path named outside (operand_places): no "always" covers a read that
-                # leads out of the workspace (a pattern matching a symlink that leads out).
+                # leads out of the workspace (a pattern matching a symlink that leads out). The
+                # whole opening is compared: other reasons start with a program's own name.
                 s.not_coverable(why)
     an.a.steps = steps
     return an.a

@@ -223,6 +223,10 @@ class Policy:
         offer = bool(needs) and all(p is not None and s.coverable for p, s in zip(prefixes, needs))
         why = "runs a shell command"
         detail = [r for s in needs for r in s.reasons if r.startswith(("names a path", "reads outside", "sets "))]
+        if auto:
+            # Auto-edit runs read-only commands unasked: say what kept this one off the list
+            # (git branch NAME creates a branch), unless its reasons above already say it.
+            detail += [s.unsafe for s in needs if s.unsafe and s.unsafe != "the sandbox may not run it"]
         if not self.confined() and self.mode == "auto-edit":
             detail.append("no sandbox: every command needs an approval")
         if detail:
