@@ -83,10 +83,12 @@ def test_env_split_string_is_unknown(root: Path) -> None:
     assert _steps(a) == [("env", UNKNOWN, ["env -S splits a string into a command"], "", True)]
 
 
-def test_sudo_login_shell_hides_its_command(root: Path) -> None:
-    # sudo -i (like -s, -l) runs the words through a login shell or lists: the step stays sudo,
-    # not the ls after it.
+def test_sudo_login_shell_runs_its_command(root: Path) -> None:
+    # sudo -i (like -s) passes the words to a login shell's -c: the ls runs, as another user
+    # (sudo's manual); the step is the ls, through sudo. -l only lists: the step stays sudo.
     a = analyze("sudo -i ls", root)
+    assert _steps(a) == [("ls", DANGEROUS, ["sudo: runs as another user"], "sudo", True)]
+    a = analyze("sudo -l ls", root)
     assert _steps(a) == [("sudo", DANGEROUS, ["sudo: runs as another user"], "", True)]
 
 

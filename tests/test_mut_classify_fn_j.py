@@ -713,7 +713,7 @@ NESTED_CASES = [
     ('find . -okdir rm {} \\;', UNKNOWN, ['rm with arguments the shell computes ({}), which may be options', 'deletes a computed path ({})'], True),
     ('find . -ok rm {} \\;', UNKNOWN, ['rm with arguments the shell computes ({}), which may be options', 'deletes a computed path ({})'], True),
     ('find . -execdir rm {} +', UNKNOWN, ['rm with arguments the shell computes ({}), which may be options', 'deletes a computed path ({})'], True),
-    # sudo -l only lists what may run; -s (bash's stdin script) takes operands as $1...
+    # sudo -l only lists what may run (-s and -i run it: test_mut_classify_fn_l.py)
     ('sudo -l rm -rf x', DANGEROUS, ['sudo: runs as another user'], True),
     ('sudo X=1 rm -rf x', DANGEROUS, ['sudo: runs as another user', 'recursive delete', 'forced delete'], True),
     ('doas X=1 rm -rf x', DANGEROUS, ['doas: runs as another user', 'recursive delete', 'forced delete'], True),

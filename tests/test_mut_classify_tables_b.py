@@ -180,7 +180,7 @@ def test_wrapper_options_skip_their_value(root: Path) -> None:
         "sudo": ["-u", "-g", "-p", "-C", "-D", "-h", "-r", "-t", "-T", "-R", "-U", "--user", "--group", "--prompt",
                  "--close-from", "--chdir", "--host", "--role", "--type", "--command-timeout", "--chroot",
                  "--other-user"],
-        "doas": ["-u", "-C"],
+        "doas": ["-u"],  # (doas -C FILE CMD only checks whether CMD may run: test_mut_classify_fn_l.py)
         "strace": ["-o", "-e", "-E", "-p", "-P", "-s", "-S", "-u", "-X", "-b", "-a", "-I", "--output", "--expr",
                    "--attach", "--user", "--trace-path"],
         # ltrace's -S (system calls) and -E are left out: see the report of issue 22, tables B

@@ -218,14 +218,16 @@ WRAPPERS = {"env", "nice", "nohup", "time", "timeout", "stdbuf", "setsid", "ioni
             "builtin", "exec", "caffeinate", "arch", "unbuffer", "xvfb-run", "coproc", "doas", "sudo", "flock",
             "gtimeout", "torsocks", "proxychains", "proxychains4", "strace", "ltrace", "valgrind", "catchsegv",
             "systemd-run"}
-# Options (that take a value) of each wrapper, and whether the first operand is not yet the command.
-# A wrapper not listed (valgrind, ...) takes no option with a separate value.
+# The options of each wrapper that take a value as the next word (_Analyzer.inner knows where
+# its command starts). A wrapper not listed (setsid, valgrind, unbuffer ...) takes no option with
+# a separate value. Options whose value is optional take it only attached (env --block-signal=INT),
+# so they are not listed.
 _WRAPPER_ARGS = {
-    "env": ("uSC", {"--unset", "--chdir", "--split-string", "--default-signal", "--ignore-signal", "--block-signal"}),
+    "env": ("uSC", {"--unset", "--chdir", "--split-string"}),
     "nice": ("n", {"--adjustment"}), "timeout": ("sk", {"--signal", "--kill-after"}),
     "gtimeout": ("sk", {"--signal", "--kill-after"}), "stdbuf": ("ioe", {"--input", "--output", "--error"}),
-    "ionice": ("cnpPu", {"--class", "--classdata", "--pid", "--pgid", "--uid"}), "chrt": ("", set()),
-    "taskset": ("", {"--cpu-list"}), "exec": ("a", set()), "caffeinate": ("tw", set()), "arch": ("", set()),
+    "ionice": ("cnpPu", {"--class", "--classdata", "--pid", "--pgid", "--uid"}), "chrt": ("TPD", {"--sched-runtime", "--sched-period", "--sched-deadline"}),
+    "taskset": ("", set()), "exec": ("a", set()), "caffeinate": ("tw", set()),
     "sudo": ("ugpCDhrtTRU", {"--user", "--group", "--prompt", "--close-from", "--chdir", "--host", "--role", "--type",
                              "--command-timeout", "--chroot", "--other-user"}),
     "doas": ("uC", set()), "flock": ("wEc", {"--timeout", "--conflict-exit-code", "--command"}),
@@ -442,10 +444,13 @@ def _pattern_matches(pattern: str, directory: Path, hidden: bool) -> list[str]:
 
 
 def scan(args: list[Word], short_arg: str = "", long_arg: frozenset[str] | set[str] = frozenset(),
-         permute: bool = True) -> Opts:
+         permute: bool = True, optional: str = "") -> Opts:
     """Split arguments GNU-style: clustered short options (``-rf``), values attached or next
     (``-ofile``, ``-o file``, ``--out=f``, ``--out f``), ``--`` ends options, and options may
-    follow operands (``chmod 777 -R .``) unless ``permute`` is False."""
+    follow operands (``chmod 777 -R .``) unless ``permute`` is False. The letters of
+    ``optional`` take a value only attached (getopt's ``d::``: ``-dX`` has the value X, and
+    ``-d X`` leaves X an operand); a long option with an optional value is simply left out of
+    ``long_arg``, since only ``--name=value`` gives it one."""
     o = Opts()
     i = 0
     while i < len(args):
@@ -475,11 +480,11 @@ def scan(args: list[Word], short_arg: str = "", long_arg: frozenset[str] | set[s
             continue
         for j, c in enumerate(v[1:], 1):
             o.shorts += c
-            if c in short_arg:
+            if c in short_arg or c in optional:
                 rest = v[j + 1:]
                 if rest:
                     o.values.append(("-" + c, Word(rest, rest)))
-                elif i < len(args):
+                elif i < len(args) and c in short_arg:
                     o.values.append(("-" + c, args[i]))
                     i += 1
                 break
@@ -632,33 +637,34 @@ class _Analyzer:
             if args and args[0].value == "--":  # command -- rm: bash's builtins end options at --
                 args = args[1:]
             return args or None
-        if base in ("builtin", "coproc", "nohup", "setsid", "unbuffer", "catchsegv", "valgrind"):
-            while args and args[0].value and args[0].value.startswith("-") and base in ("setsid", "valgrind"):
-                args = args[1:]
+        if base in ("builtin", "coproc", "nohup", "catchsegv", "busybox"):
+            # No options: the first word is what runs (busybox's applet; `nohup -x` runs nothing
+            # and is asked about as a program named -x). GNU nohup and bash's builtin take -- as
+            # the end of their (no) options; timeout 5 --, flock f --, taskset 1 -- really run a
+            # program named --.
             if args and args[0].value == "--" and base in ("builtin", "nohup"):
-                # nohup -- rm: GNU nohup and bash's builtin take -- as the end of (their no)
-                # options; timeout 5 --, flock f --, taskset 1 -- really run a program named --.
                 args = args[1:]
             return args or None
-        if base == "busybox":
-            return args or None
-        if base == "exec":
-            o = scan(args, "a", permute=False)
-            return o.operands or None
         if base == "xargs":
-            o = scan(args, "IdEeLnPsa", {"--replace", "--delimiter", "--eof", "--max-lines", "--max-args", "--max-procs",
-                                         "--max-chars", "--arg-file", "--process-slot-var"}, permute=False)
-            if o.computed and (not o.operands or o.operands[0] in o.computed):
+            # GNU xargs: -e[END], -i[R] and -l[N] (and --eof, --replace) take a value only
+            # attached: `xargs -e rm -rf /` runs rm.
+            o = scan(args, "aEIdLnPs", {"--arg-file", "--delimiter", "--max-lines", "--max-args", "--max-procs",
+                                         "--max-chars", "--process-slot-var"}, permute=False, optional="eil")
+            if o.operands and o.operands[0].value is None:
                 step.raise_to(UNKNOWN, "xargs runs a computed program")
                 return None
             inner = list(o.operands) or [Word("echo", "echo")]
-            reps = [w.value for w in opt_values(o, "-I", "--replace")] + (["{}"] if "i" in o.shorts else [])
-            if reps:
-                inner = [inner[0]] + [Word(None, w.source) if any(r and r in (w.value or "") for r in reps) else w
-                                      for w in inner[1:]]
+            # What a name read from the input replaces: -I R, -iR, --replace=R; -i and --replace
+            # alone mean {} (counted even when they name another: a literal {} then only counts
+            # as computed, which asks more, never less).
+            reps = [w.value for w in opt_values(o, "-I", "-i", "--replace")]
+            reps += ["{}"] if "i" in o.shorts or has_long(o, "--replace") else []
+            inner = [inner[0]] + [Word(None, w.source) if w.value is not None and any(r and r in w.value for r in reps)
+                                  else w for w in inner[1:]]
             return inner + [Word(None, "<arguments read from standard input>")]
         if base == "watch":
-            o = scan(args, "nqd", {"--interval", "--differences", "--chgexit"}, permute=False)
+            # procps watch: -d[=permanent] takes its value only attached, -g (--chgexit) is a flag.
+            o = scan(args, "nqs", {"--interval", "--equexit", "--shotsdir"}, permute=False, optional="d")
             if any(w.value is None for w in o.operands):
                 step.raise_to(UNKNOWN, "watch runs a computed command")
                 return None
@@ -670,16 +676,24 @@ class _Analyzer:
         if base in ("find", "fd", "fdfind"):
             self.find_exec(step, base, args, out, depth)
             return None
+        if base == "arch":
+            # macOS arch: -arch NAME, -e VAR=VALUE and -d VAR take the next word; -x86_64, -arm64, -c
+            # ... do not. Its single-dash words are not GNU clusters (-arch is not -a -r -c -h).
+            while args and args[0].value and args[0].value.startswith("-"):
+                args = args[2 if args[0].value in ("-arch", "-e", "-d") else 1:]
+            return args or None
+        # The rest read their options GNU-style from one table, and stop at the first operand.
+        short, longs = _WRAPPER_ARGS.get(base, ("", set()))
+        o = scan(args, short, longs, permute=False)
         if base == "env":
-            o = scan(args, "uSC", {"--unset", "--chdir", "--split-string"}, permute=False)
             if "S" in o.shorts or has_long(o, "--split-string"):
                 step.raise_to(UNKNOWN, "env -S splits a string into a command")
                 return None
             for w in opt_values(o, "-C", "--chdir"):
                 step.cwd = w
             rest = list(o.operands)
-            if "i" in o.shorts or has_long(o, "--ignore-environment"):
-                step.via += " env -i"
+            if rest and rest[0].value == "-":  # a lone - is -i: `env - rm -rf /` runs rm
+                rest = rest[1:]
             while rest and rest[0].value and "=" in rest[0].value and not rest[0].value.startswith("="):
                 name, _, val = rest[0].value.partition("=")
                 step.assigns.append((name, Word(val, val)))
@@ -689,43 +703,30 @@ class _Analyzer:
                 return None
             return rest or None
         if base == "flock":
-            o = scan(args, "wEc", {"--timeout", "--conflict-exit-code", "--command"})
-            for w in opt_values(o, "-c", "--command"):
+            # flock FILE -c CMD runs CMD with sh -c (-c read anywhere: it follows the lock file);
+            # otherwise the first operand is the lock file and the rest the command.
+            for w in opt_values(scan(args, short, longs), "-c", "--command"):
                 self.nested(step, w, "flock -c", out, depth)
                 return None
-            o = scan(args, "wE", {"--timeout", "--conflict-exit-code"}, permute=False)
             return o.operands[1:] or None
-        if base in ("time",):
-            o = scan(args, "fo", {"--format", "--output"}, permute=False)
-            return o.operands or None
-        if base in ("timeout", "gtimeout"):
-            o = scan(args, "sk", {"--signal", "--kill-after"}, permute=False)
-            return o.operands[1:] or None  # the first operand is the duration
-        if base == "nice":
-            if args and args[0].value and re.fullmatch(r"-\d+", args[0].value):
-                args = args[1:]
-            o = scan(args, "n", {"--adjustment"}, permute=False)
-            return o.operands or None
         if base in ("chrt", "taskset"):
-            o = scan(args, "p", set(), permute=False)
+            # The first operand is the priority or the CPU mask. With -p (--pid) they change a
+            # running process and run nothing.
+            if "p" in o.shorts or has_long(o, "--pid"):
+                return None
             return o.operands[1:] or None
+        if base in ("timeout", "gtimeout"):
+            return o.operands[1:] or None  # the first operand is the duration
         if base in ("sudo", "doas"):
-            short, longs = _WRAPPER_ARGS[base]
-            o = scan(args, short, longs, permute=False)
-            if any(c in o.shorts for c in "sil") or has_long(o, "--shell") or has_long(o, "--login"):
+            # -s and -i pass the command to a shell's -c: it runs, and is judged too. sudo -l
+            # (--list), -e (--edit) and -v (--validate), and doas -C, run nothing they name.
+            if (any(c in o.shorts for c in ("lev" if base == "sudo" else "C"))
+                    or any(has_long(o, x) for x in ("--list", "--edit", "--validate"))):
                 return None
             rest = list(o.operands)
             while rest and rest[0].value and "=" in rest[0].value:
                 rest = rest[1:]
             return rest or None
-        if base == "arch":
-            # macOS arch: -arch NAME, -e VAR=VALUE and -d VAR take the next word; -x86_64, -arm64, -c
-            # ... do not. Its single-dash words are not GNU clusters (-arch is not -a -r -c -h).
-            while args and args[0].value and args[0].value.startswith("-"):
-                args = args[2 if args[0].value in ("-arch", "-e", "-d") else 1:]
-            return args or None
-        short, longs = _WRAPPER_ARGS.get(base, ("", set()))
-        o = scan(args, short, longs, permute=False)
         return o.operands or None
 
     def find_exec(self, step: Step, base: str, args: list[Word], out: list[Step], depth: int) -> None:
@@ -811,10 +812,10 @@ class _Analyzer:
                 self.nested(step, o.operands[0], f"{base} -c", out, depth)
                 step.inert = True
                 return
-            if "s" in o.shorts or not o.operands or o.operands[0].value in ("-", "/dev/stdin", "/dev/fd/0", "/proc/self/fd/0"):
+            if "s" in o.shorts or not o.operands:
                 self.from_stdin(step, base, out, depth, shell=True)
                 return
-            self.script_source(step, base, o.operands[0], out, depth)
+            self.script_source(step, base, o.operands[0], out, depth)  # (a script named - or /dev/stdin: stdin too)
             return
         # Interpreters: inline code cannot be checked; a program on stdin neither.
         letters = INLINE.get(family, "")
@@ -827,13 +828,13 @@ class _Analyzer:
         powershell = family in ("pwsh", "powershell") and any(
             w.value is None or (w.value[:1] in ("-", "/") and w.value.lstrip("-/")[:1].lower() in ("c", "e")) for w in args)
         if (inline or powershell or any(n in INLINE_LONG.get(family, set()) for n in o.longs)
-                or (family == "deno" and o.operands[:1] and o.operands[0].value == "eval")):
+                or (family == "deno" and o.operands and o.operands[0].value == "eval")):
             step.raise_to(UNKNOWN, f"runs inline {family} code, which is not checked")
             step.coverable = False
             return
         if family == "python" and "m" in o.shorts:
             return
-        if not o.operands or o.operands[0].value in ("-", "/dev/stdin", "/dev/fd/0"):
+        if not o.operands or o.operands[0].value in ("-", "/dev/stdin", "/dev/fd/0", "/proc/self/fd/0"):
             if cmd is not None and cmd.stdin:
                 self.from_stdin(step, base, out, depth, shell=False)
             return
