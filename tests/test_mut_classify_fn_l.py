@@ -23,6 +23,7 @@ Real misjudgements these rows found, fixed with them:
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -348,3 +349,107 @@ HEREDOC_CASES = [
 @pytest.mark.parametrize("cmd,level,reasons,coverable", HEREDOC_CASES, ids=[c[0].split("\n")[0] for c in HEREDOC_CASES])
 def test_code_on_standard_input(root: Path, cmd: str, level: int, reasons: list[str], coverable: str) -> None:
     assert _judged(cmd, root) == (level, reasons, coverable)
+
+
+# The helpers: echo/printf text a shell runs (only plain text is followed: -n and -E are read,
+# any other option, a printf format or escape, or a second argument is not), the pattern words
+# of grep and its kin (the pattern is not a file; -f FILE, -fFILE and --file=FILE are files, and
+# then every operand is a file), git's global options before a read-only subcommand (`> f`
+# keeps the step from being inert, so the read-only check is asked), crontab's listing form,
+# and the variables a program may be given.
+HELPER_CASES = [
+    # echo and printf into a shell
+    ("echo -n 'rm -rf /' | bash", DANGEROUS, RMRF, 'ynn'),
+    ("echo -E 'rm -rf /' | bash", DANGEROUS, RMRF, 'ynn'),
+    ("echo -e 'rm -rf /' | bash", UNKNOWN, ['bash runs text from a pipe as code (decoded or computed text is not checked)'], 'yn'),
+    ("echo 'rm -rf /' | bash", DANGEROUS, RMRF, 'ynn'),
+    ("printf 'rm -rf X' | bash", DANGEROUS, ['recursive delete', 'forced delete'], 'yny'),
+    ("printf '%s' x | bash", UNKNOWN, ['bash runs text from a pipe as code (decoded or computed text is not checked)'], 'yn'),
+    ("printf 'a\\\\n' | bash", UNKNOWN, ['bash runs text from a pipe as code (decoded or computed text is not checked)'], 'yn'),
+    ('printf a b | bash', UNKNOWN, ['bash runs text from a pipe as code (decoded or computed text is not checked)'], 'yn'),
+    ('printf | bash', UNKNOWN, ['bash runs text from a pipe as code (decoded or computed text is not checked)'], 'yn'),
+    # grep, sed, awk, ag: which words name files (`grep --file=p /etc/x` read /etc/x unasked)
+    ('grep --file=p /etc/x', ORDINARY, ['names a path outside the workspace (/etc/x)'], 'n'),
+    ('grep -fp /etc/x', ORDINARY, ['names a path outside the workspace (/etc/x)'], 'n'),
+    ('grep -f p /etc/x', ORDINARY, ['names a path outside the workspace (/etc/x)'], 'n'),
+    ('grep -f/ pat', ORDINARY, ['names a path outside the workspace (/)'], 'n'),
+    ('grep --file=/etc/p x', ORDINARY, ['names a path outside the workspace (/etc/p)'], 'n'),
+    ('ag -f /etc/x', ORDINARY, ['runs ag'], 'y'),
+    ('grep - /etc/x', ORDINARY, ['names a path outside the workspace (/etc/x)'], 'n'),
+    ('grep -e a -e /etc/x', SAFE, ['runs grep'], 'y'),
+    ('grep --regexp a --regexp /etc/x', SAFE, ['runs grep'], 'y'),
+    ('sed --expression p --expression /etc/x', SAFE, ['runs sed'], 'y'),
+    ('grep -e/etc/x a', SAFE, ['runs grep'], 'y'),
+    ('grep --regexp=/etc/x a', SAFE, ['runs grep'], 'y'),
+    ('grep -- -e /etc/x', ORDINARY, ['names a path outside the workspace (/etc/x)'], 'n'),
+    ('grep /etc/x', SAFE, ['runs grep'], 'y'),
+    # git's global options before the subcommand; git -c pager.<command> only turned on or off
+    # (any other value is the pager program: `git -c pager.log='rm -rf x' log` passed as safe)
+    ('git -C > f', ORDINARY, ['runs git'], 'y'),
+    ('git -C src > f', SAFE, ['runs git'], 'y'),
+    ('git --no-pager > f', SAFE, ['runs git'], 'y'),
+    ('git -c color.ui=never > f', SAFE, ['runs git'], 'y'),
+    ('git -c color.ui=never log > f', SAFE, ['runs git'], 'y'),
+    ('git -c user.name=x log > f', SAFE, ['runs git'], 'y'),
+    ('git -P log > f', SAFE, ['runs git'], 'y'),
+    ('git -X log > f', ORDINARY, ['runs git'], 'y'),
+    ("git -c pager.log='rm -rf x' log", UNKNOWN, ['git -c pager.log can make git run programs'], 'n'),
+    ('git -c pager.log=less log', UNKNOWN, ['git -c pager.log can make git run programs'], 'n'),
+    ('git -c pager.log=false log', SAFE, ['runs git'], 'y'),
+    ('git -c pager.log=TRUE log', SAFE, ['runs git'], 'y'),
+    ('git -c pager.log=yes log', SAFE, ['runs git'], 'y'),
+    ('git -c pager.log=no log', SAFE, ['runs git'], 'y'),
+    ('git -c pager.log=on log', SAFE, ['runs git'], 'y'),
+    ('git -c pager.log=off log', SAFE, ['runs git'], 'y'),
+    ('git -c pager.log=1 log', SAFE, ['runs git'], 'y'),
+    ('git -c pager.log=0 log', SAFE, ['runs git'], 'y'),
+    ('git -c pager.log log', SAFE, ['runs git'], 'y'),
+    ('git -c pager.log= log', SAFE, ['runs git'], 'y'),
+    ('git -c Pager.Log=less log', UNKNOWN, ['git -c Pager.Log can make git run programs'], 'n'),
+    ('git -c pager.log=2 log', UNKNOWN, ['git -c pager.log can make git run programs'], 'n'),
+    ('git --config-env=pager.log=X log', UNKNOWN, ['git -c pager.log can make git run programs'], 'n'),
+    ('git -c pager.log=less log > f', UNKNOWN, ['git -c pager.log can make git run programs'], 'n'),
+    ('git -c pager.log=false log > f', SAFE, ['runs git'], 'y'),
+    ('git config pager.log false', ORDINARY, ['git config pager.log may make git run programs'], 'n'),
+    ('git -cpager.log=less log', UNKNOWN, ['git -c pager.log can make git run programs'], 'n'),
+    # crontab -l (and -u USER) lists; any other letter or a file operand installs or edits
+    ('crontab -l', ORDINARY, ['runs crontab'], 'y'),
+    ('crontab -l -u bob', ORDINARY, ['runs crontab'], 'y'),
+    ('crontab -u bob -l', ORDINARY, ['runs crontab'], 'y'),
+    ('crontab -lu bob', ORDINARY, ['runs crontab'], 'y'),
+    ('crontab -l -r', DANGEROUS, ['crontab: changes scheduled jobs'], 'y'),
+    ('crontab -lr', DANGEROUS, ['crontab: changes scheduled jobs'], 'y'),
+    ('crontab -e', DANGEROUS, ['crontab: changes scheduled jobs'], 'y'),
+    ('crontab -u bob', DANGEROUS, ['crontab: changes scheduled jobs'], 'y'),
+    ('crontab', DANGEROUS, ['crontab: changes scheduled jobs'], 'y'),
+    ('crontab -l f', DANGEROUS, ['crontab: changes scheduled jobs'], 'y'),
+    ('crontab $X -l', DANGEROUS, ['crontab: changes scheduled jobs'], 'y'),
+    # PYTHONPATH and TMPDIR must be known; MAKEFLAGS may not hold $ or ` (make expands them)
+    ('PYTHONPATH=$X python3 x.py', UNKNOWN, ['sets PYTHONPATH for python3, which may change what it runs or reads (not checked)'], 'n'),
+    ('TMPDIR=$X ls', UNKNOWN, ['sets TMPDIR for ls, which may change what it runs or reads (not checked)'], 'n'),
+    ('LANG=$X ls', SAFE, ['runs ls'], 'y'),
+    ('PYTHONPATH=src python3 x.py', ORDINARY, ['runs python3'], 'y'),
+    ('MAKEFLAGS=-j4 make', ORDINARY, ['runs make'], 'y'),
+    ("MAKEFLAGS='-j$(nproc)' make", UNKNOWN, ['sets MAKEFLAGS for make, which may change what it runs or reads (not checked)'], 'n'),
+    ('MAKEFLAGS=X make', ORDINARY, ['runs make'], 'y'),
+    ("MAKEFLAGS='`x`' make", UNKNOWN, ['sets MAKEFLAGS for make, which may change what it runs or reads (not checked)'], 'n'),
+    ('GIT_PAGER=cat git log', SAFE, ['runs git'], 'y'),
+    ('GIT_PAGER=less git log', UNKNOWN, ['sets GIT_PAGER for git, which may change what it runs or reads (not checked)'], 'n'),
+]
+
+
+@pytest.mark.parametrize("cmd,level,reasons,coverable", HELPER_CASES, ids=[c[0] for c in HELPER_CASES])
+def test_helpers(root: Path, cmd: str, level: int, reasons: list[str], coverable: str) -> None:
+    assert _judged(cmd, root) == (level, reasons, coverable)
+
+
+def test_cd_dash_is_the_previous_directory_not_a_folder_named_dash(root: Path) -> None:
+    # `cd -` goes back to $OLDPWD (unknown here), even where a folder named - exists; -L is an
+    # option, -- ends them; a bare cd goes home.
+    (root / "-").mkdir()
+    assert _judged("cd -; echo x > y", root) == (
+        UNKNOWN, ['runs in a directory the shell computes', 'writes y in a directory the shell computes'], "yn")
+    assert _judged("cd -- -; echo x > y", root)[0] == UNKNOWN
+    assert _judged("cd -L src; echo x > y", root) == (SAFE, ['runs cd', 'runs echo'], "yy")
+    home = Path(os.path.expanduser("~"))
+    assert _judged("cd; echo x > y", root)[1][-1] == f"writes outside the workspace ({home / 'y'})"

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from .shellparse import CD_NAMES, UNKNOWN_DIR, Command, Redirect, Script, Word, parse
+from .shellparse import UNKNOWN_DIR, Command, Redirect, Script, Word, parse
 
 SAFE, ORDINARY, UNKNOWN, DANGEROUS = 0, 1, 2, 3
 LEVELS = ("safe", "ordinary", "unknown", "dangerous")
@@ -363,7 +363,19 @@ GIT_WRITES = {"add", "commit", "checkout", "switch", "restore", "reset", "stash"
 _GIT_BENIGN_CONFIG = re.compile(r"(color(\..*)?|core\.quotepath|log\.(date|decorate|abbrevcommit)|"
                                 r"diff\.(noprefix|renames|mnemonicprefix|context|interhunkcontext|algorithm)|"
                                 r"advice\..*|user\.(name|email)|init\.defaultbranch|safe\.directory|"
-                                r"pager\.[a-z-]+|column\.ui)", re.I)
+                                r"column\.ui)", re.I)
+
+
+def _git_config_benign(setting: str) -> bool:
+    """Whether ``git -c NAME=VALUE`` cannot make git run a program: NAME is one of the settings
+    above, or pager.<command> turned on or off (any other value of it is the pager program, as
+    for core.pager: `git -c pager.log='rm -rf x' log`)."""
+    name, _, value = setting.partition("=")
+    if name.lower().startswith("pager."):
+        return value.lower() in ("", "true", "false", "yes", "no", "on", "off", "1", "0")
+    return bool(_GIT_BENIGN_CONFIG.fullmatch(name))
+
+
 _GIT_SHORT_VALUES = {"commit": "mFCcSt", "checkout": "bB", "switch": "cC", "push": "o", "tag": "mFu", "stash": "m",
                      "restore": "s", "merge": "msSX", "pull": "sX", "rebase": "sXx", "log": "nL", "show": "n",
                      "clone": "bbcoju", "worktree": "bB", "cherry-pick": "mXS", "revert": "mXS", "am": "pCS",
@@ -433,7 +445,9 @@ class Opts:
     values: list[tuple[str, Word]] = field(default_factory=list)  # option -> value word
     operands: list[Word] = field(default_factory=list)
     computed: list[Word] = field(default_factory=list)  # words whose value the shell computes
-    after_dashdash: int = -1
+    # Options ended: after --, or (without permute) after the first operand; every word after
+    # it is an operand. (Where they ended is never needed, only whether.)
+    ended: bool = False
 
 
 def _pattern_matches(pattern: str, directory: Path, hidden: bool) -> list[str]:
@@ -461,13 +475,12 @@ def scan(args: list[Word], short_arg: str = "", long_arg: frozenset[str] | set[s
             o.computed.append(w)
             o.operands.append(w)
             continue
-        if o.after_dashdash >= 0 or not v.startswith("-") or v == "-":
+        if o.ended or not v.startswith("-") or v == "-":
             o.operands.append(w)
-            if not permute and o.after_dashdash < 0:
-                o.after_dashdash = len(o.operands) - 1
+            o.ended = o.ended or not permute
             continue
         if v == "--":
-            o.after_dashdash = len(o.operands)
+            o.ended = True
             continue
         if v.startswith("--"):
             name, eq, val = v.partition("=")
@@ -553,11 +566,12 @@ class _Analyzer:
         return out
 
     def _cd(self, cmd: Command, d: Path) -> Path | None:
-        words = cmd.words[1:] if cmd.words and cmd.words[0].value in CD_NAMES else cmd.words[2:]
-        name = cmd.words[0].value if cmd.words[0].value in CD_NAMES else (cmd.words[1].value if len(cmd.words) > 1 else None)
+        # shellparse records cd, pushd and popd themselves (a `builtin cd` is an unknown directory).
+        name, words = cmd.words[0].value, cmd.words[1:]
         if name == "popd":
             return None
-        ops = [w for w in words if not (w.value and w.value.startswith("-") and w.value != "-" and len(w.value) > 1
+        # Options (-L, -P, -e, -@) are skipped; `-` (back to $OLDPWD) and -N/+N (dirs) are operands.
+        ops = [w for w in words if not (w.value and w.value.startswith("-") and len(w.value) > 1
                                          and not w.value[1:].isdigit())]
         if not ops:
             return self.places.home if name == "cd" else None
@@ -921,7 +935,7 @@ class _Analyzer:
         family = base if base in _SYSTEM else _system_family(prog, base)
         if family in _SYSTEM:
             why = _SYSTEM[family]
-            if not (family == "crontab" and _only(s, "l")):
+            if not (family == "crontab" and _crontab_lists(s)):
                 s.raise_to(DANGEROUS, f"{base}: {why}")
         self.program_rules(s, base)
         if s.level < DANGEROUS or s.coverable:
@@ -1179,7 +1193,7 @@ class _Analyzer:
         if o.computed:
             s.raise_to(UNKNOWN, f"{base} with arguments the shell computes ({o.computed[0].source[:40]}), which may be options")
         for w in o.operands:
-            if w.glob and w.value is not None and w.value[:1] in "*?[" and o.after_dashdash < 0:
+            if w.glob and w.value is not None and w.value[:1] in "*?[" and not o.ended:
                 s.raise_to(UNKNOWN, f"{base} {w.value}: the pattern may match file names that read as options")
                 break
 
@@ -1198,7 +1212,7 @@ class _Analyzer:
                 value = v[2:] if v.startswith("-c") and len(v) > 2 else (v.split("=", 1)[1] if "=" in v else (vals[i + 1] if i + 1 < len(args) else ""))
                 if value is None:
                     s.raise_to(UNKNOWN, "git -c with a computed setting")
-                elif name == "--config-env" or not _GIT_BENIGN_CONFIG.fullmatch(value.split("=", 1)[0]):
+                elif name == "--config-env" or not _git_config_benign(value):
                     s.raise_to(UNKNOWN, f"git -c {value.split('=', 1)[0]} can make git run programs")
                     s.coverable = False
             elif name in ("--exec-path", "--git-dir", "--work-tree") and ("=" in v or name != "--exec-path"):
@@ -1252,7 +1266,7 @@ class _Analyzer:
             if "f" in o.shorts or has_long(o, "--force"):
                 danger = "deletes untracked files (git clean -f)"
         elif sub == "checkout":
-            if "f" in o.shorts or has_long(o, "--force") or has_long(o, "--discard-changes") or o.after_dashdash >= 0 \
+            if "f" in o.shorts or has_long(o, "--force") or has_long(o, "--discard-changes") or o.ended \
                     or any(w.value in (".", "*", ":/") for w in o.operands) or has_long(o, "--ours") or has_long(o, "--theirs") \
                     or "p" in o.shorts or has_long(o, "--patch") or has_long(o, "--pathspec-from-file"):
                 danger = "discards uncommitted changes (git checkout of paths)"
@@ -1619,7 +1633,7 @@ class _Analyzer:
                 i += 1
             elif v == "-C" and i + 1 < len(vals):
                 i += 2
-            elif v == "-c" and i + 1 < len(vals) and vals[i + 1] and _GIT_BENIGN_CONFIG.fullmatch(vals[i + 1].split("=", 1)[0]):
+            elif v == "-c" and i + 1 < len(vals) and vals[i + 1] and _git_config_benign(vals[i + 1]):
                 i += 2
             else:
                 return f"git {v}"
@@ -1704,7 +1718,7 @@ def _path_words(base: str, args: list[Word]) -> list[Word]:
     dashdash = False
     # -f FILE (grep's patterns, sed's and awk's script, jq's filter) names a file that is read,
     # and then every operand is a file; ag's -f is a flag (follow links).
-    file_opts = ("-f", "--file") if base != "ag" else ("--file",)
+    file_opts = ("-f", "--file") if base != "ag" else ()
     for w in args:
         v = w.value
         if skip_next:
@@ -1720,12 +1734,12 @@ def _path_words(base: str, args: list[Word]) -> list[Word]:
             if v in file_opts:
                 pattern_given = True
                 continue  # the next word is the file: an operand like any other
-            if v.startswith(("--regexp=", "--expression=")) or (v.startswith("-e") and len(v) > 2 and base != "jq"):
+            if v.startswith(("--regexp=", "--expression=")) or (v.startswith("-e") and base != "jq"):  # -ePATTERN
                 pattern_given = True
                 continue
-            if v.startswith("-f") and len(v) > 2 and "-f" in file_opts:
+            if file_opts and v.startswith(("-f", "--file=")):  # -fFILE, --file=FILE (a lone -f was read above)
                 pattern_given = True
-                out.append(Word(v[2:], w.source))
+                out.append(Word(v[2:] if v[1] == "f" else v[len("--file="):], w.source))
                 continue
             out.append(w)
             continue
@@ -1736,11 +1750,11 @@ def _path_words(base: str, args: list[Word]) -> list[Word]:
     return out
 
 
-def _only(s: Step, letter: str) -> bool:
-    """Every argument is an option made of ``letter`` (and -u USER): ``crontab -l``."""
-    args = [w.value for w in s.argv[1:]]
-    return letter in "".join(a or "" for a in args) and all(
-        a is not None and a.startswith("-") and len(a) > 1 and set(a[1:]) <= set(letter + "u") for a in args)
+def _crontab_lists(s: Step) -> bool:
+    """``crontab -l`` (also with ``-u USER``) only lists a crontab; any other letter, or a file
+    operand (a crontab to install), changes one."""
+    o = scan(s.argv[1:], "u")
+    return "l" in o.shorts and set(o.shorts) <= {"l", "u"} and not o.operands
 
 
 # What a script is named with: `format.sh` or `at.py` is a project's script, not mkfs.ext4's kind.
