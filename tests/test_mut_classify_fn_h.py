@@ -227,8 +227,19 @@ def test_sed_safe_reasons() -> None:
     assert _sed_safe(w("-n")) == "sed without a script"
     assert _sed_safe(w("-n", "p", "f")) is None
     assert _sed_safe(w("-e", "p")) is None
-    assert _sed_safe(w("-i", "p", "f")) == "sed that edits or reads a script file"
-    assert _sed_safe(w("w out")) == "a sed script outside the read-only subset"
+    assert _sed_safe(w("-i", "p", "f")) == "sed -i edits files in place"
+    assert _sed_safe(w("-ni.bak", "p", "f")) == "sed -i edits files in place"
+    assert _sed_safe(w("--in-place=.bak", "p", "f")) == "sed -i edits files in place"
+    # -l, -e, -f take a value, as getopt reads it (`-l -i` is a line length of "-i", not -i);
+    # the script is program_rules' to judge
+    assert _sed_safe(w("-l", "-i", "p", "f")) is None
+    assert _sed_safe(w("--line-length", "-i", "p", "f")) is None
+    assert _sed_safe(w("-e", "-i", "f")) is None
+    assert _sed_safe(w("--expression", "-i", "f")) is None
+    assert _sed_safe(w("-f", "-i", "f")) is None
+    assert _sed_safe(w("--file", "-i", "f")) is None
+    assert _sed_safe(w("--expression", "p")) is None
+    assert _sed_safe(w("w out")) is None
 
 
 def test_sed_without_a_script_is_not_read_only(root: Path) -> None:

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 from classify_fixtures import _no_temp_dirs, root  # noqa: F401 (fixtures: temp_dirs emptied, a git workspace)
 
-from ds4agent.tools.classify import DANGEROUS, ORDINARY, SAFE, UNKNOWN, analyze
+from ds4agent.tools.classify import DANGEROUS, ORDINARY, SAFE, UNKNOWN, _sed_script_ok, analyze
 
 # What `rm -rf /` adds to a judgement when it is seen.
 RMRF = ['recursive delete', 'forced delete', 'deletes outside the workspace (/)', 'names a path outside the workspace (/)']
@@ -453,3 +453,102 @@ def test_cd_dash_is_the_previous_directory_not_a_folder_named_dash(root: Path) -
     assert _judged("cd -L src; echo x > y", root) == (SAFE, ['runs cd', 'runs echo'], "yy")
     home = Path(os.path.expanduser("~"))
     assert _judged("cd; echo x > y", root)[1][-1] == f"writes outside the workspace ({home / 'y'})"
+
+
+# The read-only subset of sed, script by script (GNU sed's grammar; a script sed itself would
+# refuse may pass, since a refused script runs nothing): `1!p` negates an address; q, Q and l
+# take a number; labels and branches; s and y end where their last delimiter is (escaped or
+# bracketed ones do not count, a newline or backslash is no delimiter, a letter or digit is
+# refused); anything after a command but a separator is refused (`pp`, `pX`; no { } blocks).
+# Regex addresses: \cREGEXc with any delimiter, an escape or bracket expression hides the
+# delimiter ([^]], []], [[:class:]], [[.x.]], [[=x=]] whose own text may hold it), a newline
+# or an unclosed bracket never closes.
+SED_SCRIPTS = [
+    ('p', True),
+    ('', True),
+    ('  ;\n', True),
+    ('1!p', True),
+    ('1!', False),
+    ('!p', True),
+    ('1,3!d', True),
+    ('X', False),
+    ('X/a/b/', False),
+    ('pX', False),
+    ('pp', False),
+    ('p ;p', True),
+    ('p\t;p', True),
+    ('p}', False),
+    ('{p}', False),
+    ('q5', True),
+    ('q 5', True),
+    ('Q', True),
+    ('l 70', True),
+    ('q5x', False),
+    ('p5', False),
+    (':a', True),
+    (':a;p', True),
+    (':', False),
+    (': a', False),
+    ('b', True),
+    ('ba', True),
+    ('t end', True),
+    ('T', True),
+    ('b;p', True),
+    ('s/a/b/', True),
+    ('s/a/b/g', True),
+    ('s/a/b/gw x', False),
+    ('s/a/b/e', False),
+    ('s', False),
+    ('s/', False),
+    ('s/a', False),
+    ('s/a/b', False),
+    ('s\\a\\b\\', False),
+    ('y\\a\\b\\', False),
+    ('s\na\nb\n', False),
+    ('y\na\nb\n', False),
+    ('sxaxbx', False),
+    ('s1a1b1', False),
+    ('s/a/\\//g', True),
+    ('s/a/\\/', False),
+    ('y/ab/cd/', True),
+    ('y/a/b', False),
+    ('y/a\\//b\\//', True),
+    ('s|a/b|c|', True),
+    ('s/[/]/x/', True),
+    ('s/a/b/;w /etc/x', False),
+    ('\\XaXp', True),
+    ('\\%a%p', True),
+    ('/a\\', False),
+    ('/a\\\nb/p', False),
+    ('/\\//p', True),
+    ('/a\nb/p', False),
+    ('/[^]]/p', True),
+    ('/[]]/p', True),
+    ('/[^', False),
+    ('/a[', False),
+    ('/[a\n]/p', False),
+    ('/[[', False),
+    ('/[[:alpha:]]/p', True),
+    ('/[[:a:]]/p', True),
+    ('/[[.a.]]/p', True),
+    ('/[[=a=]]/p', True),
+    ('/[[:]x]/p', False),
+    ('/[[::]]/p', True),
+    ('/[[:]/:]]/p', True),
+    ('/[[.]/.]]/p', True),
+    ('/[[=]/=]]/p', True),
+    ('/[[:a', False),
+    ('1,/x/p', True),
+    ('1,+3p', True),
+    ('1,~4p', True),
+    ('1,p', False),
+    ('0~3p', True),
+    ('$p', True),
+    ('/a/I,/b/Mp', True),
+
+]
+
+
+@pytest.mark.parametrize("script,ok", SED_SCRIPTS, ids=[repr(c[0]) for c in SED_SCRIPTS])
+def test_sed_read_only_subset(script: str, ok: bool) -> None:
+    assert _sed_script_ok(script) is ok
