@@ -113,6 +113,9 @@ WRAPPER_CASES = [
     ('watch ls $X', UNKNOWN, ['watch runs a computed command'], 'y'),
     ('watch ls', ORDINARY, ['runs watch'], 'yy'),
     ('watch -d rm -rf /', DANGEROUS, RMRF, 'yn'),
+    # -dn: getopt gives d the rest of its word ("n"), so 5 is the command, not -n's value
+    ('watch -dn 5 rm -rf /', ORDINARY, ['runs watch', 'names a path outside the workspace (/)'], 'yn'),
+    ('watch -d -n 5 rm -rf /', DANGEROUS, RMRF, 'yn'),
     ('watch -dpermanent rm -rf /', DANGEROUS, RMRF, 'yn'),
     ('watch --differences rm -rf /', DANGEROUS, RMRF, 'yn'),
     ('watch --differences=permanent rm -rf /', DANGEROUS, RMRF, 'yn'),
@@ -173,6 +176,9 @@ WRAPPER_CASES = [
     ('timeout --kill-after 1 5 rm -rf /', DANGEROUS, RMRF, 'n'),
     ('timeout --preserve-status 5 rm -rf /', DANGEROUS, RMRF, 'n'),
     ('gtimeout -s KILL 5 rm -rf /', DANGEROUS, RMRF, 'n'),
+    ('gtimeout --signal KILL 5 rm -rf /', DANGEROUS, RMRF, 'n'),
+    ('gtimeout -k 1 5 rm -rf /', DANGEROUS, RMRF, 'n'),
+    ('gtimeout --kill-after 1 5 rm -rf /', DANGEROUS, RMRF, 'n'),
     # nice: -5 and --10 (the old spelling of an adjustment) are options; -n takes a value.
     ('nice -5 rm -rf /', DANGEROUS, RMRF, 'n'),
     ('nice --10 rm -rf /', DANGEROUS, RMRF, 'n'),

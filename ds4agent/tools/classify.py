@@ -227,7 +227,7 @@ _WRAPPER_ARGS = {
     "nice": ("n", {"--adjustment"}), "timeout": ("sk", {"--signal", "--kill-after"}),
     "gtimeout": ("sk", {"--signal", "--kill-after"}), "stdbuf": ("ioe", {"--input", "--output", "--error"}),
     "ionice": ("cnpPu", {"--class", "--classdata", "--pid", "--pgid", "--uid"}), "chrt": ("TPD", {"--sched-runtime", "--sched-period", "--sched-deadline"}),
-    "taskset": ("", set()), "exec": ("a", set()), "caffeinate": ("tw", set()),
+    "exec": ("a", set()), "caffeinate": ("tw", set()),
     "sudo": ("ugpCDhrtTRU", {"--user", "--group", "--prompt", "--close-from", "--chdir", "--host", "--role", "--type",
                              "--command-timeout", "--chroot", "--other-user"}),
     "doas": ("uC", set()), "flock": ("wEc", {"--timeout", "--conflict-exit-code", "--command"}),
