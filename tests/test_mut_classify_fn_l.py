@@ -558,3 +558,37 @@ SED_SCRIPTS = [
 @pytest.mark.parametrize("script,ok", SED_SCRIPTS, ids=[repr(c[0]) for c in SED_SCRIPTS])
 def test_sed_read_only_subset(script: str, ok: bool) -> None:
     assert _sed_script_ok(script) is ok
+
+
+# The command as a whole: a variable set where no assignment shows it (read, printf -v, ((...)))
+# taints what follows; CDPATH and HOME also make every later directory unknown (PATH does not).
+# Every output redirection is judged, also after an input one or a descriptor copy.
+WHOLE_CASES = [
+    ('read HOME; cd src; echo x > y', UNKNOWN, ['may set HOME (e.g. in arithmetic, a loop or read), which changes what its programs are or read', 'runs in a directory the shell computes', 'writes y in a directory the shell computes'], 'nnn'),
+    ('read CDPATH; cd src; echo x > y', UNKNOWN, ['may set CDPATH (e.g. in arithmetic, a loop or read), which changes what its programs are or read', 'runs in a directory the shell computes', 'writes y in a directory the shell computes'], 'nnn'),
+    ('read PATH; cd src; echo x > y', UNKNOWN, ['may set PATH (e.g. in arithmetic, a loop or read), which changes what its programs are or read'], 'nnn'),
+    ('printf -v HOME x; cd src; ls', UNKNOWN, ['may set HOME (e.g. in arithmetic, a loop or read), which changes what its programs are or read', 'runs in a directory the shell computes'], 'nnn'),
+    ('((CDPATH=1)); cd src; ls', UNKNOWN, ['may set CDPATH (e.g. in arithmetic, a loop or read), which changes what its programs are or read', 'runs in a directory the shell computes'], 'nn'),
+    ('((PATH=1)); cd src; ls', UNKNOWN, ['may set PATH (e.g. in arithmetic, a loop or read), which changes what its programs are or read'], 'nn'),
+    ('cat < a > /etc/x', DANGEROUS, ['writes outside the workspace (/etc/x)'], 'n'),
+    ('cat 2>&1 > /etc/x', DANGEROUS, ['writes outside the workspace (/etc/x)'], 'n'),
+    ('cat < a 2>/etc/x', DANGEROUS, ['writes outside the workspace (/etc/x)'], 'n'),
+    ('cat 3>&- > /etc/x', DANGEROUS, ['writes outside the workspace (/etc/x)'], 'n'),
+    ('cat < a; echo x > /etc/x', DANGEROUS, ['writes outside the workspace (/etc/x)'], 'yn'),
+    ('{ cat < a; } > /etc/x', DANGEROUS, ['writes outside the workspace (/etc/x)'], 'y'),
+    ('echo < a > .git/x', DANGEROUS, ['writes inside .git (.git/x)'], 'n'),
+]
+
+
+@pytest.mark.parametrize("cmd,level,reasons,coverable", WHOLE_CASES, ids=[c[0] for c in WHOLE_CASES])
+def test_whole_command(root: Path, cmd: str, level: int, reasons: list[str], coverable: str) -> None:
+    assert _judged(cmd, root) == (level, reasons, coverable)
+
+
+def test_a_write_that_may_land_in_the_workspace_marks_its_step(root: Path) -> None:
+    # After `[ -d x ] && cd /etc` the echo runs in the workspace or in /etc: its write may land
+    # inside, so the step writes (an inert step that writes is judged like any other).
+    a = analyze("[ -d x ] && cd /etc; echo x > f", root)
+    assert [(s.program, s.writes) for s in a.steps] == [("cd", False), ("echo", True)]  # ([ -d x ] is a test: no step)
+    a = analyze("echo x > /etc/f", root)
+    assert [(s.program, s.writes) for s in a.steps] == [("echo", False)]

@@ -209,7 +209,7 @@ SHELLS = {"sh", "bash", "zsh", "dash", "ksh", "mksh", "ash", "fish", "csh", "tcs
 INLINE = {"python": "c", "pypy": "c", "node": "e p", "nodejs": "e p", "deno": "", "bun": "e", "perl": "e E",
           "ruby": "e", "php": "r", "lua": "e", "luajit": "e", "Rscript": "e", "R": "e", "julia": "e",
           "osascript": "e", "tclsh": "", "jshell": "", "irb": "e", "swift": "e",
-          "expect": "c", "gawk": "", "awk": "", "mawk": "", "nawk": "", "busybox": ""}
+          "expect": "c"}
 INLINE_LONG = {"node": {"--eval", "--print"}, "nodejs": {"--eval", "--print"}, "bun": {"--eval", "--print"},
                "deno": set()}
 DOWNLOADERS = {"curl", "wget", "fetch", "aria2c", "http", "https", "xh", "lynx", "links", "nc", "ncat", "socat",
@@ -425,9 +425,8 @@ _RUNNERS = {("npm", "run"), ("npm", "exec"), ("pnpm", "run"), ("pnpm", "exec"), 
 
 
 def _interp(base: str) -> str | None:
-    """The interpreter family of a program name: python3.12 -> python."""
-    if base in ("awk", "gawk", "mawk", "nawk", "busybox"):
-        return None
+    """The interpreter family of a program name: python3.12 -> python. (awk's program is
+    judged by its own rule; busybox is a wrapper.)"""
     if base in INLINE:
         return base
     m = re.fullmatch(r"(python|pypy|ruby|perl|php|lua|node|pwsh|powershell)[0-9.]*[a-z]?", base)
@@ -796,7 +795,7 @@ class _Analyzer:
             if len(o.operands) == 1 and code.value and code.value.isdigit():
                 step.inert = True
                 return
-            if code.value not in ("-", ""):
+            if code.value != "-":  # - resets the signal; '' ignores it (runs nothing, as nested finds)
                 self.nested(step, code, "trap", out, depth)
             step.inert = True
             return
@@ -833,8 +832,6 @@ class _Analyzer:
             return
         # Interpreters: inline code cannot be checked; a program on stdin neither.
         letters = INLINE.get(family, "")
-        if family in ("awk", "gawk", "mawk", "nawk"):
-            return  # judged with the allowlist (a program text that runs nothing is read-only)
         o = scan(args, "".join(letters.split()) + ("mWXQ" if family == "python" else ""), set(), permute=False)
         inline = [c for c in letters.split() if c in o.shorts]
         # PowerShell's parameters are case-insensitive prefixes (-Command, -c, -EncodedCommand, -ec,
@@ -1364,11 +1361,11 @@ class _Analyzer:
         for w in words:
             self.write_target(s, w, verb)
 
-    def write_target(self, s: Step | None, w: Word, verb: str, finding: bool = False, start: set | None = None) -> None:
+    def write_target(self, s: Step | None, w: Word, verb: str, start: set | None = None) -> None:
         a = self.a
 
         def raise_(level: int, why: str) -> None:
-            if s is None or finding:
+            if s is None:  # a redirection of no program (a bare `> f`): the command's own finding
                 a.findings.append((level, why))
             else:
                 s.raise_to(level, why)
@@ -1967,7 +1964,7 @@ def analyze(command: str, root: Path, *, places: Places | None = None, env: dict
     m = _SETS_SHELL_ENV.search(command) or _SETS_SHELL_ENV.search(command.replace("\\\n", ""))
     if m:
         name = next(g for g in m.groups() if g)
-        an.dirs_unreliable = an.dirs_unreliable or name in ("CDPATH", "HOME")
+        an.dirs_unreliable = name in ("CDPATH", "HOME")
         an.tainted = f"may set {name} (e.g. in arithmetic, a loop or read), which changes what its programs are or read"
     try:
         steps = an.expand(command, "", 0)
@@ -1983,7 +1980,7 @@ def analyze(command: str, root: Path, *, places: Places | None = None, env: dict
                 continue
             step = next((s for s in steps if s.cmd is cmd), None) if cmd is not None else None
             here = an.resolve_dirs(r.cwd, start)
-            an.write_target(step, r.target, "writes", finding=step is None, start=here)
+            an.write_target(step, r.target, "writes", start=here)
             if r.target.value is not None and any(w == "inside" for w, _ in an.places_of(r.target.value, step, here)):
                 if step is None:
                     an.a.writes_unattached = True
