@@ -592,3 +592,16 @@ def test_a_write_that_may_land_in_the_workspace_marks_its_step(root: Path) -> No
     assert [(s.program, s.writes) for s in a.steps] == [("cd", False), ("echo", True)]  # ([ -d x ] is a test: no step)
     a = analyze("echo x > /etc/f", root)
     assert [(s.program, s.writes) for s in a.steps] == [("echo", False)]
+
+
+@pytest.mark.parametrize("cmd,inert", [
+    # what xargs, find and fd run per input is the program on disk (/bin/echo), not a builtin
+    ("xargs echo", False), ("find . -exec echo {} ;", False), ("find . -execdir printf x ;", False),
+    ("find . -ok true ;", False), ("find . -okdir pwd ;", False), ("fd -x echo", False), ("fd --exec echo", False),
+    ("fd -X echo", False), ("fd --exec-batch echo", False),
+    # the shell's own (also through a wrapper, which only changes how it runs, or a nested shell)
+    ("echo", True), ("nice echo", True), ("bash -c echo", True),
+])
+def test_a_builtin_name_run_per_input_is_a_program(root: Path, cmd: str, inert: bool) -> None:
+    a = analyze(cmd, root)
+    assert a.steps[-1].program in ("echo", "printf", "true", "pwd") and a.steps[-1].inert is inert

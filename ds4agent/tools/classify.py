@@ -325,6 +325,9 @@ _BUILTINS = {"echo", "printf", "true", "false", ":", "test", "[", "cd", "pwd", "
              "kill", "times", "caller", "mapfile", "readarray", "history", "fc", "help", "compgen", "complete", "logout"}
 _INERT = {"cd", "pushd", "popd", "dirs", "pwd", "echo", "printf", "true", "false", ":", "test", "[", "wait", "read",
           "shift", "return", "exit", "break", "continue", "let", "getopts", "jobs", "umask"}
+# How xargs, find and fd run a program per input (the last word of a step's via): that echo or
+# test is the program on disk, never inert like the shell's builtin.
+_RUNS_PER_INPUT = {"xargs", "-exec", "-execdir", "-ok", "-okdir", "-x", "--exec", "-X", "--exec-batch"}
 _VERSION_ONLY = {"python", "python3", "node", "npm", "npx", "pnpm", "yarn", "bun", "deno", "cargo", "rustc", "rustup",
                  "go", "gcc", "g++", "clang", "clang++", "cc", "c++", "make", "cmake", "pip", "pip3", "uv", "java",
                  "javac", "ruby", "gem", "perl", "php", "git", "swift", "dotnet", "ld", "gdb",
@@ -1988,7 +1991,7 @@ def analyze(command: str, root: Path, *, places: Places | None = None, env: dict
                     step.writes = True
     for s in steps:
         base = os.path.basename(s.program or "")
-        if base in _INERT and s.via.split(" ")[-1:] not in (["xargs"], ["-exec"], ["-execdir"], ["-ok"], ["-okdir"]):
+        if base in _INERT and s.via.split(" ")[-1] not in _RUNS_PER_INPUT:
             s.inert = True
         if s.inert and (s.level > ORDINARY or not s.coverable or s.writes or an.a.writes_unattached):
             s.inert = False
