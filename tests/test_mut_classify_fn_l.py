@@ -605,3 +605,31 @@ def test_a_write_that_may_land_in_the_workspace_marks_its_step(root: Path) -> No
 def test_a_builtin_name_run_per_input_is_a_program(root: Path, cmd: str, inert: bool) -> None:
     a = analyze(cmd, root)
     assert a.steps[-1].program in ("echo", "printf", "true", "pwd") and a.steps[-1].inert is inert
+
+
+# Writers' options, as getopt reads them (a value option takes the next word even when it
+# starts with a dash: `--files-from -f` reads a list named "-f", so /etc/a.tar is only named);
+# curl -K/--config reads options that are not checked (never covered by an "always"); 7-Zip's
+# switches come anywhere, and only the archive (the word after a/u/d/rn) is written.
+PROGRAM_CASES = [
+    ('curl -K cfg https://a', UNKNOWN, ['curl reads options from a file, which are not checked'], 'n'),
+    ('curl --config cfg https://a', UNKNOWN, ['curl reads options from a file, which are not checked'], 'n'),
+    ('curl --trace /etc/x https://a', DANGEROUS, ['writes outside the workspace (/etc/x)', 'names a path outside the workspace (/etc/x)'], 'n'),
+    ('curl --trace-ascii /etc/x https://a', DANGEROUS, ['writes outside the workspace (/etc/x)', 'names a path outside the workspace (/etc/x)'], 'n'),
+    ('tar -c --files-from -f /etc/a.tar', ORDINARY, ['names a path outside the workspace (/etc/a.tar)'], 'n'),
+    ('tar -c --exclude-from -f /etc/a.tar src', ORDINARY, ['names a path outside the workspace (/etc/a.tar)'], 'n'),
+    ('tar -c --files-from list -f /etc/a.tar', DANGEROUS, ['writes outside the workspace (/etc/a.tar)', 'names a path outside the workspace (/etc/a.tar)'], 'n'),
+    ('7z -y a /etc/x.7z src', DANGEROUS, ['writes outside the workspace (/etc/x.7z)', 'names a path outside the workspace (/etc/x.7z)'], 'n'),
+    ('7z a a.7z /etc/x', ORDINARY, ['names a path outside the workspace (/etc/x)'], 'n'),
+]
+
+
+@pytest.mark.parametrize("cmd,level,reasons,coverable", PROGRAM_CASES, ids=[c[0] for c in PROGRAM_CASES])
+def test_writers_options(root: Path, cmd: str, level: int, reasons: list[str], coverable: str) -> None:
+    assert _judged(cmd, root) == (level, reasons, coverable)
+
+
+def test_a_reason_is_kept_once_per_step(root: Path) -> None:
+    # The same path named twice is one reason of the step, not two.
+    (s,) = analyze("cat /etc/x /etc/x", root).steps
+    assert s.reasons == ["names a path outside the workspace (/etc/x)"] and not s.coverable
