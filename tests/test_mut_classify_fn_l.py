@@ -253,6 +253,9 @@ NESTED_CASES = [
     ("trap '$(' EXIT", UNKNOWN, ["the command is not valid bash near '$(' in trap"], 'y'),
     # eval runs its words joined as a command.
     ('eval', SAFE, ['runs eval'], 'y'),
+    # nested code starts where its shell runs (after a cd), not in the workspace
+    ("cd /etc && bash -c 'echo x > y'", DANGEROUS, ['runs in a directory outside the workspace (/etc)', 'writes outside the workspace (/etc/y)'], 'ynn'),
+    ("cd /etc; eval 'rm x'", DANGEROUS, ['runs in a directory outside the workspace (/etc)', 'deletes outside the workspace (/etc/x)'], 'ynn'),
     ('eval rm -rf /', DANGEROUS, RMRF, 'nn'),
     ('eval $X', UNKNOWN, ['eval of computed text'], 'y'),
     ("eval 'echo $('", UNKNOWN, ["the command is not valid bash near '$(' in eval"], 'yy'),
