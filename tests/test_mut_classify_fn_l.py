@@ -567,6 +567,12 @@ def test_sed_read_only_subset(script: str, ok: bool) -> None:
 # taints what follows; CDPATH and HOME also make every later directory unknown (PATH does not).
 # Every output redirection is judged, also after an input one or a descriptor copy.
 WHOLE_CASES = [
+    # echo lines piped into a shell are run line by line; an absolute written pattern is matched
+    # from / wherever the shell is; git branch --create-reflog is read as creating (asked)
+    ("(echo ls; echo 'rm -rf /') | bash", DANGEROUS, RMRF, 'yynyn'),
+    ('{ echo ls; echo pwd; } | sh', ORDINARY, ['runs sh'], 'yynyy'),
+    ('cd $D; echo x > /et*/hostname', DANGEROUS, ['runs in a directory the shell computes', 'writes outside the workspace (/et*/hostname)', 'writes outside the workspace (/etc/hostname)'], 'yn'),
+    ('git branch --create-reflog', ORDINARY, ['runs git'], 'y'),
     ('read HOME; cd src; echo x > y', UNKNOWN, ['may set HOME (e.g. in arithmetic, a loop or read), which changes what its programs are or read', 'runs in a directory the shell computes', 'writes y in a directory the shell computes'], 'nnn'),
     ('read CDPATH; cd src; echo x > y', UNKNOWN, ['may set CDPATH (e.g. in arithmetic, a loop or read), which changes what its programs are or read', 'runs in a directory the shell computes', 'writes y in a directory the shell computes'], 'nnn'),
     ('read PATH; cd src; echo x > y', UNKNOWN, ['may set PATH (e.g. in arithmetic, a loop or read), which changes what its programs are or read'], 'nnn'),
