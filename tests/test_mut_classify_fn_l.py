@@ -1,5 +1,7 @@
-"""classify.py: the seventh round's gaps (issue 22): the wrappers' own options (_Analyzer.inner)
-and the code that nested shells, eval, trap and interpreters run (_Analyzer.nested_shell).
+"""classify.py: the seventh round's gaps (issue 22): the wrappers' own options (_Analyzer.inner),
+the code that nested shells, eval, trap and interpreters run (_Analyzer.nested_shell), the
+helpers the sixth round left (the sed subset, grep's pattern words, git's global options,
+crontab, variables), the command's redirections, and writers' options a sample found.
 
 A row names a command and the judgement it must get: the level, every reason, and whether the
 sandbox may run each step (one letter a step, in order). Most rows end in `rm -rf /` after the
@@ -19,7 +21,11 @@ Real misjudgements these rows found, fixed with them:
 - `unbuffer -p rm -rf /`: -p (read from a pipe) was taken for the program;
 - env's --block-signal, --default-signal and --ignore-signal were listed as taking the next word
   (their value is optional); taskset's --cpu-list is a flag, chrt's -T/-P/-D take a value;
-- `sudo -s rm -rf /`: the command after -s/-i (run through the shell) was not judged."""
+- `sudo -s rm -rf /`: the command after -s/-i (run through the shell) was not judged;
+- `git -c pager.log='rm -rf x' log` passed as safe (pager.<command> is the pager program unless
+  it is turned on or off);
+- `grep --file=p /etc/x` passed as safe, reading /etc/x unasked (--file=FILE makes every operand
+  a file)."""
 
 from __future__ import annotations
 
