@@ -235,10 +235,6 @@ WRAPPER_CASES = [
 ]
 
 
-@pytest.mark.parametrize("cmd,level,reasons,coverable", WRAPPER_CASES, ids=[c[0] for c in WRAPPER_CASES])
-def test_wrapper_options(root: Path, cmd: str, level: int, reasons: list[str], coverable: str) -> None:
-    assert _judged(cmd, root) == (level, reasons, coverable)
-
 
 NESTED_CASES = [
     # trap: -l, -p or no code only print (inert); a lone number is a signal to print; - and ''
@@ -335,10 +331,6 @@ NESTED_CASES = [
 ]
 
 
-@pytest.mark.parametrize("cmd,level,reasons,coverable", NESTED_CASES, ids=[c[0] for c in NESTED_CASES])
-def test_nested_code(root: Path, cmd: str, level: int, reasons: list[str], coverable: str) -> None:
-    assert _judged(cmd, root) == (level, reasons, coverable)
-
 
 # A program on standard input: a shell runs what a here-document holds (checked like any
 # command); an interpreter's here-document is code that is not checked. `-`, /dev/stdin,
@@ -360,10 +352,6 @@ HEREDOC_CASES = [
     ("gawk <<'E'\n{print}\nE", ORDINARY, ['runs gawk'], "y"),
 ]
 
-
-@pytest.mark.parametrize("cmd,level,reasons,coverable", HEREDOC_CASES, ids=[c[0].split("\n")[0] for c in HEREDOC_CASES])
-def test_code_on_standard_input(root: Path, cmd: str, level: int, reasons: list[str], coverable: str) -> None:
-    assert _judged(cmd, root) == (level, reasons, coverable)
 
 
 # The helpers: echo/printf text a shell runs (only plain text is followed: -n and -E are read,
@@ -452,10 +440,6 @@ HELPER_CASES = [
     ('GIT_PAGER=less git log', UNKNOWN, ['sets GIT_PAGER for git, which may change what it runs or reads (not checked)'], 'n'),
 ]
 
-
-@pytest.mark.parametrize("cmd,level,reasons,coverable", HELPER_CASES, ids=[c[0] for c in HELPER_CASES])
-def test_helpers(root: Path, cmd: str, level: int, reasons: list[str], coverable: str) -> None:
-    assert _judged(cmd, root) == (level, reasons, coverable)
 
 
 def test_cd_dash_is_the_previous_directory_not_a_folder_named_dash(root: Path) -> None:
@@ -595,10 +579,6 @@ WHOLE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("cmd,level,reasons,coverable", WHOLE_CASES, ids=[c[0] for c in WHOLE_CASES])
-def test_whole_command(root: Path, cmd: str, level: int, reasons: list[str], coverable: str) -> None:
-    assert _judged(cmd, root) == (level, reasons, coverable)
-
 
 def test_a_write_that_may_land_in_the_workspace_marks_its_step(root: Path) -> None:
     # After `[ -d x ] && cd /etc` the echo runs in the workspace or in /etc: its write may land
@@ -639,12 +619,20 @@ PROGRAM_CASES = [
 ]
 
 
-@pytest.mark.parametrize("cmd,level,reasons,coverable", PROGRAM_CASES, ids=[c[0] for c in PROGRAM_CASES])
-def test_writers_options(root: Path, cmd: str, level: int, reasons: list[str], coverable: str) -> None:
-    assert _judged(cmd, root) == (level, reasons, coverable)
-
 
 def test_a_reason_is_kept_once_per_step(root: Path) -> None:
     # The same path named twice is one reason of the step, not two.
     (s,) = analyze("cat /etc/x /etc/x", root).steps
     assert s.reasons == ["names a path outside the workspace (/etc/x)"] and not s.coverable
+
+
+# Every table above, one test: the command's level, every reason, and which steps may be covered.
+JUDGED = [(table, row) for table, rows in (("wrapper", WRAPPER_CASES), ("nested", NESTED_CASES),
+                                           ("stdin", HEREDOC_CASES), ("helper", HELPER_CASES),
+                                           ("whole", WHOLE_CASES), ("writer", PROGRAM_CASES)) for row in rows]
+
+
+@pytest.mark.parametrize("row", [r for _, r in JUDGED], ids=[f"{t}:{r[0].splitlines()[0]}" for t, r in JUDGED])
+def test_judgement(root: Path, row: tuple) -> None:
+    cmd, level, reasons, coverable = row
+    assert _judged(cmd, root) == (level, reasons, coverable)
