@@ -874,6 +874,8 @@ class _Analyzer:
         stdin = cmd.stdin if cmd is not None else ""
         if not stdin:
             return  # the tool gives commands /dev/null on standard input
+        # What it reads differs from run to run: no "always" covers the shell, nor is it inert
+        # (the code it reads is judged as steps of its own).
         step.coverable = False
         if stdin in ("heredoc", "herestring"):
             text = cmd.stdin_text
@@ -881,21 +883,19 @@ class _Analyzer:
                 step.raise_to(UNKNOWN, f"{base} runs a here-document with computed parts")
             elif shell:
                 out += self.expand(text, f"{base} <<", depth + 1, step.dirs or None)
-                step.inert = True
             else:
                 step.raise_to(UNKNOWN, f"{base} runs code from a here-document, which is not checked")
             return
         if stdin == "file":
             step.raise_to(ORDINARY, f"{base} runs a script read from a file")
             return
-        ups = [os.path.basename(c.name or "") if c.name else None for c in cmd.upstream]
+        ups = [os.path.basename(c.name) if c.name else None for c in cmd.upstream]
         if any(u in DOWNLOADERS for u in ups if u):
             step.raise_to(DANGEROUS, f"{base} runs a downloaded script")
             return
         if shell and cmd.upstream and all(_literal_echo(c) is not None for c in cmd.upstream):
             out += self.expand("\n".join(_literal_echo(c) for c in cmd.upstream), f"echo | {base}", depth + 1,
                                step.dirs or None)
-            step.inert = True
             return
         step.raise_to(UNKNOWN, f"{base} runs text from a pipe as code (decoded or computed text is not checked)")
 
@@ -938,8 +938,7 @@ class _Analyzer:
             if not (family == "crontab" and _crontab_lists(s)):
                 s.raise_to(DANGEROUS, f"{base}: {why}")
         self.program_rules(s, base)
-        if s.level < DANGEROUS or s.coverable:
-            s.prefix = self.prefix(s, base)
+        s.prefix = self.prefix(s, base)  # None when no "always" can cover it (not coverable)
 
     def reads_and_dirs(self, s: Step) -> None:
         """Where ``s`` runs and the files it opens for reading: a rule or the read-only list
