@@ -164,7 +164,8 @@ WRITE_CASES = [
     ('install -d /etc/x a', DANGEROUS, ['writes outside the workspace (/etc/x)', 'names a path outside the workspace (/etc/x)'], False),
     ('mv a b -X /etc/x', DANGEROUS, ['moves outside the workspace (/etc/x)', 'names a path outside the workspace (/etc/x)'], False),
     ('mv --target-directory /etc a', DANGEROUS, ['moves outside the workspace (/etc)', 'names a path outside the workspace (/etc)'], False),
-    ('setfacl -m u:x:r /etc/x', ORDINARY, ['names a path outside the workspace (/etc/x)'], False),
+    # (setfacl's ACL is -m's value: /etc/x is the file whose ACL changes; eighth round)
+    ('setfacl -m u:x:r /etc/x', DANGEROUS, ['changes outside the workspace (/etc/x)', 'names a path outside the workspace (/etc/x)'], False),
     ('unzip a.zip -d /etc', DANGEROUS, ['extracts into outside the workspace (/etc)', 'names a path outside the workspace (/etc)'], False),
     ('unzip a.zip -X -d /etc', DANGEROUS, ['extracts into outside the workspace (/etc)', 'names a path outside the workspace (/etc)'], False),
     ('7z x a.7z -o/etc', DANGEROUS, ['extracts into outside the workspace (/etc)'], False),

@@ -1,6 +1,14 @@
 """classify.py: the eighth round's gaps (issue 22), found by the whole-module run on the final
 code: what a shell reads from its standard input (a here-document, echo text piped in, a process
-substitution), how deep that nesting goes, and how a step whose program is computed is judged.
+substitution), how deep that nesting goes, how a step whose program is computed is judged, and
+which words of chmod, setfacl and chattr are the files that change.
+
+Real misjudgements these rows found, fixed with them:
+- `setfacl -m u:x:r /etc/x` changed nothing as far as classify saw (ordinary, "names a path"): the
+  first operand was skipped as if it were a mode, but setfacl's ACL is an option's value;
+- `chattr -i /etc/x` (clears the immutable flag) the same: chattr reads every leading word
+  starting with -, + or = as attributes, so -i is no option and /etc/x is the file;
+- `chmod 644 -- -x` changed 644, not -x: a word after -- matched chmod's dash mode.
 
 A row names a command and the judgement it must get: the level, every reason, and whether the
 sandbox may run each step (one letter a step, in order)."""
@@ -95,3 +103,46 @@ def test_a_step_no_always_can_cover_has_no_prefix(root: Path) -> None:
     assert (s.level, s.coverable, s.prefix) == (DANGEROUS, True, ("git", "push"))
     (s,) = analyze("ls", root).steps
     assert (s.level, s.prefix) == (SAFE, ("ls",))
+
+
+CHANGE_CASES = [
+    # setfacl: every operand is a file (the ACL is -m/-x's value, --modify's, --set's ...); -M and
+    # -X read the ACL from a file.
+    ('setfacl -m u:x:r /etc/x', DANGEROUS, ['changes outside the workspace (/etc/x)', 'names a path outside the workspace (/etc/x)'], 'n'),
+    ('setfacl --modify u:x:r /etc/x', DANGEROUS, ['changes outside the workspace (/etc/x)', 'names a path outside the workspace (/etc/x)'], 'n'),
+    ('setfacl --set u::rw /etc/x', DANGEROUS, ['changes outside the workspace (/etc/x)', 'names a path outside the workspace (/etc/x)'], 'n'),
+    ('setfacl --remove-file a /etc/x', DANGEROUS, ['changes outside the workspace (/etc/x)', 'names a path outside the workspace (/etc/x)'], 'n'),
+    ('setfacl -b /etc/x', DANGEROUS, ['changes outside the workspace (/etc/x)', 'names a path outside the workspace (/etc/x)'], 'n'),
+    ('setfacl -m /etc/x a', ORDINARY, ['names a path outside the workspace (/etc/x)'], 'n'),
+    ('setfacl -M /etc/x a', ORDINARY, ['names a path outside the workspace (/etc/x)'], 'n'),
+    ('setfacl -R -m u:x:r src', DANGEROUS, ['recursive permission or owner change'], 'y'),
+    ('setfacl -m u:x:r src/app.py', ORDINARY, ['runs setfacl'], 'y'),
+    # chattr: leading words starting with -, + or = are attributes (or -R/-V/-f, -v N, -p N);
+    # the files follow.
+    ('chattr -i /etc/x', DANGEROUS, ['changes outside the workspace (/etc/x)', 'names a path outside the workspace (/etc/x)'], 'n'),
+    ('chattr =i /etc/x', DANGEROUS, ['changes outside the workspace (/etc/x)', 'names a path outside the workspace (/etc/x)'], 'n'),
+    ('chattr -V -i src/app.py /etc/x', DANGEROUS, ['changes outside the workspace (/etc/x)', 'names a path outside the workspace (/etc/x)'], 'n'),
+    ('chattr -v 5 +i /etc/x', DANGEROUS, ['changes outside the workspace (/etc/x)', 'names a path outside the workspace (/etc/x)'], 'n'),
+    ('chattr -vp 5 6 /etc/x', DANGEROUS, ['changes outside the workspace (/etc/x)', 'names a path outside the workspace (/etc/x)'], 'n'),
+    ('chattr -p 5 src/app.py', ORDINARY, ['runs chattr'], 'y'),
+    ('chattr -Ri src', DANGEROUS, ['recursive permission or owner change'], 'y'),
+    ('chattr -i -R src', DANGEROUS, ['recursive permission or owner change'], 'y'),
+    ('chattr +R src', ORDINARY, ['runs chattr'], 'y'),
+    ('chattr +i src/app.py -R', ORDINARY, ['runs chattr'], 'y'),
+    ('chattr -i', ORDINARY, ['runs chattr'], 'y'),
+    ('chattr - /etc/x', DANGEROUS, ['changes outside the workspace (/etc/x)', 'names a path outside the workspace (/etc/x)'], 'n'),
+    ('chattr $A src/app.py', UNKNOWN, ['changes a computed path ($A)'], 'y'),
+    # chmod: the dash modes before -- are the mode (GNU joins -x -w into one); after --, a word
+    # like -x is a file.
+    ('chmod -x -w /etc/x', DANGEROUS, ['changes outside the workspace (/etc/x)', 'names a path outside the workspace (/etc/x)'], 'n'),
+    ('cd /etc && chmod 644 -- -x', DANGEROUS, ['runs in a directory outside the workspace (/etc)', 'changes outside the workspace (/etc/-x)'], 'yn'),
+    ('cd /etc && chmod -w -- -x', DANGEROUS, ['runs in a directory outside the workspace (/etc)', 'changes outside the workspace (/etc/-x)'], 'yn'),
+    ('chmod -- -x /etc/x', DANGEROUS, ['changes outside the workspace (/etc/x)', 'names a path outside the workspace (/etc/x)'], 'n'),
+    ('chmod /etc/x --reference src/app.py src/y', DANGEROUS, ['changes outside the workspace (/etc/x)', 'names a path outside the workspace (/etc/x)'], 'n'),
+]
+
+
+@pytest.mark.parametrize("row", CHANGE_CASES, ids=[r[0] for r in CHANGE_CASES])
+def test_the_files_a_mode_or_attribute_change_touches(root: Path, row: tuple) -> None:
+    cmd, level, reasons, coverable = row
+    assert _judged(cmd, root) == (level, reasons, coverable)

@@ -267,6 +267,27 @@ _MAKES_FILES = {"rmdir": ("", set()), "unlink": ("", set()), "tee": ("", set()),
 _TAR_OLD_VALUES = set("bCfFgHIKLNTVX")
 # A chmod mode written with a leading dash: letters GNU chmod reads as permissions, not options.
 _CHMOD_DASH_MODE = re.compile(r"-[rwxXst]+(,[ugoa]*[-+=][rwxXstugo]*)*")
+# setfacl's long options that take the next word (its ACL or a file of them); with --restore it
+# reads a dump and names no file (the operands it is given are refused).
+_SETFACL_VALUES = frozenset({"--set", "--set-file", "--modify", "--modify-file", "--remove", "--remove-file",
+                             "--restore"})
+
+
+def _chattr_words(args: list[Word]) -> tuple[list[Word], bool]:
+    """chattr's files, and whether it recurses. chattr reads every leading word that starts
+    with -, + or = as attributes or options (`chattr -i f` clears the immutable flag: -i is
+    no option), -v and -p each take the next word (a version, a project), and -R recurses;
+    the files start at the first other word (-- is no end of options: chattr refuses it)."""
+    i, recursive = 0, False
+    while i < len(args):
+        v = args[i].value
+        if v is None or len(v) < 2 or v[0] not in "-+=":
+            break
+        i += 1
+        if v[0] == "-":
+            recursive = recursive or "R" in v
+            i += v.count("v") + v.count("p")
+    return args[i:], recursive
 # Programs that hand work to a daemon running outside the sandbox (containers, terminal
 # multiplexers, the service manager, the desktop): confined or not, the result is not.
 _SERVICES = {"docker", "podman", "nerdctl", "colima", "lima", "limactl", "kubectl", "tmux", "screen", "byobu",
@@ -998,16 +1019,25 @@ class _Analyzer:
                     s.raise_to(UNKNOWN, "dd with computed operands")
                 elif w.value.startswith("of="):
                     self.writes(s, [Word(w.value[3:], w.source)], "writes")
-        elif base in ("chmod", "chown", "chgrp", "setfacl", "chattr", "chflags"):
-            # chmod's mode may start with a dash (chmod -x run.sh, -w,o+r): it is the mode
-            # operand, not options, and the files after it are what changes.
-            dash_mode = [w for w in args if base == "chmod" and w.value and _CHMOD_DASH_MODE.fullmatch(w.value)][:1]
-            o = scan([w for w in args if w not in dash_mode], "" if base != "setfacl" else "mMxX", {"--reference", "--from"})
+        elif base == "chattr":
+            files, recursive = _chattr_words(args)
+            if recursive:
+                s.raise_to(DANGEROUS, "recursive permission or owner change")
+            self.writes(s, files, "changes")
+        elif base in ("chmod", "chown", "chgrp", "setfacl", "chflags"):
+            # The first operand is the mode or owner, the files that change come after it; but
+            # chmod's mode may be written as options before any -- (chmod -x run.sh, -w,o+r: GNU
+            # joins them into one mode), setfacl's ACL is an option's value, and --reference
+            # takes the mode from a file: then every operand is a file that changes.
+            end = next((i for i, w in enumerate(args) if w.value == "--"), len(args))
+            dash_mode = [w for w in args[:end] if base == "chmod" and w.value and _CHMOD_DASH_MODE.fullmatch(w.value)]
+            o = scan([w for w in args if w not in dash_mode], "" if base != "setfacl" else "mMxX",
+                     {"--reference", "--from"} if base != "setfacl" else _SETFACL_VALUES)
             if "R" in o.shorts or has_long(o, "--recursive"):
                 s.raise_to(DANGEROUS, "recursive permission or owner change")
             self.option_risk(s, o, base)
-            ops = o.operands if opt_values(o, "--reference") or dash_mode else o.operands[1:]
-            self.writes(s, ops, "changes")
+            every = base == "setfacl" or opt_values(o, "--reference") or dash_mode
+            self.writes(s, o.operands if every else o.operands[1:], "changes")
         elif base == "find":
             o = vals
             for v in o:
