@@ -136,3 +136,14 @@ def test_file_read_on_descriptor_one_does_not_feed_standard_input() -> None:
     (cmd,) = parse("cat 1<f").commands
     assert [(r.op, r.fd, r.target.value) for r in cmd.redirects] == [("<", 1, "f")]
     assert cmd.stdin == ""
+
+
+@pytest.mark.parametrize("test", ['[[ "$(echo a)" == b ]]', "[[ a$(echo a) ]]", "[[ $(echo ls)a ]]",
+                                  "case a$(echo ls) in x) ;; esac"])
+def test_a_substitution_in_a_test_word_feeds_no_pipe(test: str) -> None:
+    # guards against a quoted or concatenated test word being walked as statements: its
+    # substitution's echo then became what the pipe carries, and bash "ran" its text
+    s = parse(test + " | bash")
+    echo, bash = s.commands
+    assert echo.name == "echo" and bash.name == "bash"
+    assert (bash.stdin, bash.upstream) == ("pipe", [])
