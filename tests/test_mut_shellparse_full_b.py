@@ -139,7 +139,7 @@ def test_file_read_on_descriptor_one_does_not_feed_standard_input() -> None:
 
 
 @pytest.mark.parametrize("test", ['[[ "$(echo a)" == b ]]', "[[ a$(echo a) ]]", "[[ $(echo ls)a ]]",
-                                  "case a$(echo ls) in x) ;; esac"])
+                                  "[[ ${x:-$(echo ls)} ]]", "case a$(echo ls) in x) ;; esac"])
 def test_a_substitution_in_a_test_word_feeds_no_pipe(test: str) -> None:
     # guards against a quoted or concatenated test word being walked as statements: its
     # substitution's echo then became what the pipe carries, and bash "ran" its text
