@@ -146,3 +146,28 @@ CHANGE_CASES = [
 def test_the_files_a_mode_or_attribute_change_touches(root: Path, row: tuple) -> None:
     cmd, level, reasons, coverable = row
     assert _judged(cmd, root) == (level, reasons, coverable)
+
+
+OPTION_CASES = [
+    # gawk: --source's value is program text, and options still follow it (permute=False stops
+    # only at the first operand): the -f after it is seen.
+    ("awk --source 'BEGIN{}' -f x.awk", UNKNOWN, ['awk runs a program from a file, which is not checked'], 'n'),
+    ("awk --source '{print}' src/app.py", SAFE, ['runs awk'], 'y'),
+    ('awk --source \'BEGIN{system("rm x")}\'', UNKNOWN, ['the awk program may run commands or write files (system, |, >, getline ...)'], 'n'),
+    ("awk --include lib.awk 'BEGIN{}'", UNKNOWN, ['awk runs a program from a file, which is not checked'], 'n'),
+    ("awk --load x 'BEGIN{}'", UNKNOWN, ['awk runs a program from a file, which is not checked'], 'n'),
+    ('awk --exec x.awk', UNKNOWN, ['awk runs a program from a file, which is not checked'], 'n'),
+    ("awk --assign a=1 '{print}' src/app.py", SAFE, ['runs awk'], 'y'),
+    # uniq and xxd write their second operand; a third is refused ("extra operand"), not written.
+    ('uniq src/app.py /etc/x', DANGEROUS, ['writes outside the workspace (/etc/x)', 'names a path outside the workspace (/etc/x)'], 'n'),
+    ('uniq src/app.py out /etc/x', ORDINARY, ['names a path outside the workspace (/etc/x)'], 'n'),
+    ('xxd src/app.py out /etc/x', ORDINARY, ['names a path outside the workspace (/etc/x)'], 'n'),
+    # A quoted ~ is a name in this directory (shellparse expands an unquoted one).
+    ("cat '~/x'", SAFE, ['runs cat'], 'y'),
+]
+
+
+@pytest.mark.parametrize("row", OPTION_CASES, ids=[r[0] for r in OPTION_CASES])
+def test_options_that_decide_the_program_or_the_output(root: Path, row: tuple) -> None:
+    cmd, level, reasons, coverable = row
+    assert _judged(cmd, root) == (level, reasons, coverable)

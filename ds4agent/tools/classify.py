@@ -1374,8 +1374,11 @@ class _Analyzer:
         s.git_write = sub in GIT_WRITES and s.coverable and s.level < UNKNOWN and s.cwd is None
 
     def awk(self, s: Step, base: str, args: list[Word]) -> None:
-        o = scan(args, "fvFilE", {"--file", "--assign", "--field-separator", "--include", "--load", "--exec", "--source"}, permute=False)
-        if opt_values(o, "-f", "--file", "-i", "--include", "-l", "--load", "-E", "--exec") or any(has_long(o, x) for x in ("--file", "--include", "--load", "--exec")):
+        # Only the options whose value decides which word is the program are read as taking the
+        # next one (-v, -F, --assign, --field-separator, --source): a program from a file
+        # (-f/-i/-l/-E, --file/--include/--load/--exec) is refused whatever follows.
+        o = scan(args, "fvFilE", {"--assign", "--field-separator", "--source"}, permute=False)
+        if opt_values(o, "-f", "-i", "-l", "-E") or any(has_long(o, x) for x in ("--file", "--include", "--load", "--exec")):
             s.raise_to(UNKNOWN, f"{base} runs a program from a file, which is not checked")
             s.coverable = False
             return
@@ -1416,16 +1419,15 @@ class _Analyzer:
             # may pass through a link out of the workspace. Hidden names count (`shopt -s
             # dotglob` passes as harmless). The literal name stays judged: with no match bash
             # writes it, and what matches may change before the command runs.
-            for c in self.dirs_of(s, start) if not w.value.startswith("/") else {self.places.root}:
-                if c is None:
-                    continue  # the literal name's place already says the directory is unknown
+            dirs = self.dirs_of(s, start) if not w.value.startswith("/") else {self.places.root}
+            for c in dirs - {None}:  # (an unknown one: the literal name's place already says so)
                 try:
                     matches = _pattern_matches(w.value, c, hidden=True)
                 except (OSError, ValueError):
                     matches = []
                 if len(matches) > 2000:
                     raise_(UNKNOWN, f"{verb} {w.value}: the pattern matches too many files to check")
-                for m in matches[:2000]:
+                for m in matches:  # (at most 2001: what glob yields first, in directory order)
                     q = Path(os.path.normpath(Path(c) / m))
                     places.append((self.places.where(q), q))
         for where, p in places:
@@ -1459,9 +1461,9 @@ class _Analyzer:
         for c in (self.dirs_of(s, start) if not value.startswith("/") else {p.root}):
             if c is None:
                 out.append((None, None))
-                continue
-            q = Path(os.path.normpath(c / value))
-            out.append((p.where(q), q))
+            else:
+                q = Path(os.path.normpath(c / value))
+                out.append((p.where(q), q))
         return out
 
     def operand_places(self, s: Step, base: str, args: list[Word]) -> None:
@@ -1476,7 +1478,9 @@ class _Analyzer:
                 continue
             if not v:
                 continue
-            looks = v.startswith(("/", "~")) or ".." in Path(v).parts or self._through_link(s, v)
+            # (No ~: shellparse expands a tilde or leaves the word computed, so a value that
+            # starts with one was quoted, a name in this directory.)
+            looks = v.startswith("/") or ".." in Path(v).parts or self._through_link(s, v)
             in_git = any(is_git_name(part) for part in Path(v).parts)
             if not (looks or in_git) and w.glob is False:
                 continue
