@@ -1489,7 +1489,7 @@ class _Analyzer:
                     s.not_coverable(f"names a path outside the workspace ({p})")
                 elif where is None:
                     s.not_coverable(f"names {v} in a directory the shell computes")
-                elif where == "git" and base not in SAFE_PROGRAMS and base != "git":
+                elif where == "git" and base not in SAFE_PROGRAMS:  # (git is on that list)
                     s.raise_to(UNKNOWN, f"{base} is given a path inside .git ({v})")
                     s.coverable = False
 
@@ -1497,9 +1497,7 @@ class _Analyzer:
         """Whether the relative path ``v`` passes through a symlink at any depth, from the
         workspace or a directory the step runs in (``src/link``, ``cd src && cat link``): where
         it really leads is then checked, as for an absolute path."""
-        for d in self.dirs_of(s) | {self.places.root}:
-            if d is None:
-                continue
+        for d in (self.dirs_of(s) | {self.places.root}) - {None}:
             p = Path(d)
             for part in Path(v).parts:
                 p = p / part
@@ -1513,9 +1511,7 @@ class _Analyzer:
         if not s.coverable:
             return None
         vals = s.values()
-        if any(v is None for v in vals[:1]):
-            return None
-        prog = vals[0]
+        prog = vals[0]  # (judge only asks about a step whose program is known)
         # A runner first: bun and deno are interpreters too, and `bun run` alone would cover
         # every script. `uv tool run X` names X one word later than `uv tool install`.
         runner = next((r for r in _RUNNERS if r[0] in (prog, base) and (r[1] == "" or (len(vals) > 1 and vals[1] == r[1]))), None)
