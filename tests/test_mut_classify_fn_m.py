@@ -15,6 +15,7 @@ sandbox may run each step (one letter a step, in order)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -171,3 +172,36 @@ OPTION_CASES = [
 def test_options_that_decide_the_program_or_the_output(root: Path, row: tuple) -> None:
     cmd, level, reasons, coverable = row
     assert _judged(cmd, root) == (level, reasons, coverable)
+
+
+@pytest.mark.parametrize("cmd", ["sed -n p lin*/passwd", "awk '{print}' lin*/passwd", "mawk '{print}' lin*/passwd",
+                                 "gawk 'NR==1' lin*/passwd", "cat lin*/passwd"])
+def test_a_reader_s_pattern_through_a_link_out_asks(root: Path, tmp_path: Path, cmd: str) -> None:
+    # sed and awk passed as read-only here without looking at what their patterns match (their
+    # own checks returned first): lin*/passwd read /etc/passwd through a link, unasked.
+    bin_ = tmp_path / "bin"  # the program, installed outside the workspace (a stub)
+    bin_.mkdir()
+    (bin_ / cmd.split()[0]).write_text("#!/bin/sh\n")
+    (bin_ / cmd.split()[0]).chmod(0o755)
+    env = {"PATH": str(bin_)}
+    os.symlink("/etc", root / "link")
+    (s,) = analyze(cmd, root, env=env).steps
+    why = f"reads outside the workspace ({root / 'link' / 'passwd'})"
+    assert (s.level, s.reasons, s.coverable, s.unsafe) == (ORDINARY, [why], False, why)
+    (s,) = analyze(cmd.replace("lin*/passwd", "src/*"), root, env=env).steps
+    assert (s.level, s.coverable, s.unsafe) == (SAFE, True, None)
+
+
+def test_a_step_the_sandbox_may_not_run_says_so(root: Path) -> None:
+    # A read-only program that names a path outside: its reasons say where; auto-edit's question
+    # says why it was not run as read-only.
+    (s,) = analyze("cat /etc/hostname", root).steps
+    assert (s.level, s.coverable, s.unsafe) == (ORDINARY, False, "the sandbox may not run it")
+
+
+@pytest.mark.parametrize("cmd, prefix", [("python3 -c 'print(1)'", None), ("python3 -m pytest", ("python3", "-m", "pytest")),
+                                         ("python3 -m -W", None), ("python3 x.py", ("python3", "x.py")),
+                                         ("bash -x run.sh", None), ("bash run.sh", ("bash", "run.sh"))])
+def test_an_option_is_never_part_of_what_always_covers(root: Path, cmd: str, prefix: tuple | None) -> None:
+    # "always" for `python3 -c ...` would cover every inline program: an option word ends it.
+    assert analyze(cmd, root).steps[0].prefix == prefix

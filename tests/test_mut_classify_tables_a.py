@@ -318,8 +318,18 @@ def test_other_version_spellings_only_where_they_are_one(root: Path, env: dict[s
     # runs something: pytest -v runs the tests, python -v, ruby -v and bash -v read commands,
     # cargo -v and black -v are "verbose", make builds a target named version, npx fetches and
     # runs a package, gcc compiles a file of that name, yarn and pnpm bump the project version.
+    # Each spelling's programs named here, not read from the table (a renamed spelling would
+    # otherwise rename what is expected with it).
+    for word, progs in (("version", ["go", "cargo", "ruff", "poetry", "uv"]),
+                        ("-V", ["python", "python3", "cargo", "rustc", "rustup", "deno", "pip", "pip3", "uv", "perl",
+                                "rg", "fd", "jq", "mypy", "pytest", "ruff", "poetry"]),
+                        ("-v", ["node", "npm", "npx", "pnpm", "yarn", "bun", "gcc", "g++", "clang", "clang++", "cc",
+                                "c++", "make", "perl", "php", "tsc"])):
+        assert classify._VERSION_WORDS[word] == set(progs), word
     expected = {f"{p} {word}": SAFE for word, progs in classify._VERSION_WORDS.items() for p in progs}
-    assert len(expected) == 39
+    assert len(expected) == 38 and {w for w in classify._VERSION_WORDS} == {"version", "-V", "-v"}
+    # git's version queries: by git's own rule, not this table.
+    expected |= {"git --version": SAFE, "git version": SAFE}
     for word, progs in (("-v", ["pytest", "python", "python3", "ruby", "bash", "sh", "zsh", "cargo", "black", "mypy",
                                  "java", "go", "rustc", "pip"]),
                         ("-V", ["node", "npm", "bash", "make", "gcc", "go", "black", "php"]),

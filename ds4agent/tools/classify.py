@@ -319,8 +319,9 @@ SAFE_PROGRAMS: dict[str, tuple[str, tuple[str, ...]]] = {
     "uniq": ("", ()), "tree": ("oRlH", ("--fromfile", "--output",)), "find": ("L", ()), "fd": ("xXL", ("--exec", "--exec-batch", "--follow")),
     "fdfind": ("xXL", ("--exec", "--exec-batch", "--follow")), "xxd": ("", ()), "base64": ("o", ("--output",)),
     "date": ("sf", ("--set", "--file")), "hostname": ("Fb", ("--file", "--boot")), "env": ("", ()), "type": ("", ()),
-    "sed": ("ifwsE", ("--in-place", "--file", "--separate", "--follow-symlinks")), "awk": ("fiIlE", ()),
-    "gawk": ("fiIlE", ("--file", "--include", "--load", "--exec", "--source")), "mawk": ("f", ()), "nawk": ("f", ()),
+    # sed's script and options are judged by _sed_safe, awk's by awk() (anything but a read-only
+    # program is raised above ORDINARY there): no letters here.
+    "sed": ("", ()), "awk": ("", ()), "gawk": ("", ()), "mawk": ("", ()), "nawk": ("", ()),
     "cd": ("", ()), "pushd": ("", ()), "popd": ("", ()), "dirs": ("", ()), ":": ("", ()), "git": ("", ()),
     "tty": ("", ()), "getconf": ("", ()), "ps": ("", ()), "free": ("", ()), "uptime": ("", ()), "lsb_release": ("", ()),
     "sw_vers": ("", ()), "groups": ("", ()), "less": ("", ()), "more": ("", ()),
@@ -351,13 +352,14 @@ _INERT = {"cd", "pushd", "popd", "dirs", "pwd", "echo", "printf", "true", "false
 _RUNS_PER_INPUT = {"xargs", "-exec", "-execdir", "-ok", "-okdir", "-x", "--exec", "-X", "--exec-batch"}
 _VERSION_ONLY = {"python", "python3", "node", "npm", "npx", "pnpm", "yarn", "bun", "deno", "cargo", "rustc", "rustup",
                  "go", "gcc", "g++", "clang", "clang++", "cc", "c++", "make", "cmake", "pip", "pip3", "uv", "java",
-                 "javac", "ruby", "gem", "perl", "php", "git", "swift", "dotnet", "ld", "gdb",
+                 "javac", "ruby", "gem", "perl", "php", "swift", "dotnet", "ld", "gdb",
                  "lldb", "poetry", "tsc", "ruff", "black", "mypy", "pytest", "bash", "zsh", "sh", "jq", "rg", "fd"}
 # `--version` is a version query for all of them; the other spellings only where they are one.
+# (Not git: `git --version` and `git version` are read-only by git's own rule, GIT_SAFE.)
 # Elsewhere the same word runs something: `pytest -v` runs the tests, `python -v` and `bash -v`
 # read commands, `make version` builds a target, `npx version` fetches and runs a package,
 # `gcc version` compiles a file, `yarn version` bumps the project's version.
-_VERSION_WORDS = {"version": {"go", "git", "cargo", "ruff", "poetry", "uv"},
+_VERSION_WORDS = {"version": {"go", "cargo", "ruff", "poetry", "uv"},
                   "-V": {"python", "python3", "cargo", "rustc", "rustup", "deno", "pip", "pip3", "uv", "perl", "rg",
                          "fd", "jq", "mypy", "pytest", "ruff", "poetry"},
                   "-v": {"node", "npm", "npx", "pnpm", "yarn", "bun", "gcc", "g++", "clang", "clang++", "cc", "c++",
@@ -1543,8 +1545,7 @@ class _Analyzer:
             # A bare redirection (`> f`, `< f`, `2>&1`) runs no program: it is `: > f` without
             # the colon, and its targets were judged with every other redirection.
             return None
-        if prog is None:
-            return "computed program"
+        assert prog is not None  # judge raised a computed program above ORDINARY: never asked here
         base = os.path.basename(prog)
         if prog != base and not _system_program(prog):
             return f"{prog} is not a system program"
@@ -1570,12 +1571,8 @@ class _Analyzer:
             return self.git_safe(s, args)
         shorts, longs = SAFE_PROGRAMS[base]
         if base == "sed":
-            return _sed_safe(args)
-        if base in ("awk", "gawk", "mawk", "nawk"):
-            # awk() raised whatever it found (a program file, system, |, >) above ORDINARY, which
-            # never gets here; what else a step can carry at ORDINARY (a path outside, a computed
-            # directory) made it not coverable, so it is not waved through either.
-            return None
+            # Then, as for any reader, the files a pattern names (lin*/passwd through a link).
+            return _sed_safe(args) or self.reads_inside(s, args)
         if base == "env":
             # What env runs became a step of its own (unwrap); what is left only prints.
             return None
