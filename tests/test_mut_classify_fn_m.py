@@ -205,3 +205,80 @@ def test_a_step_the_sandbox_may_not_run_says_so(root: Path) -> None:
 def test_an_option_is_never_part_of_what_always_covers(root: Path, cmd: str, prefix: tuple | None) -> None:
     # "always" for `python3 -c ...` would cover every inline program: an option word ends it.
     assert analyze(cmd, root).steps[0].prefix == prefix
+
+
+# What the read-only check says when it does not pass a step (auto-edit's question shows it):
+# (command, level, the step's `unsafe`). Run with a workspace holding link -> /etc and
+# zero -> /dev/zero, and the programs installed outside it.
+UNSAFE_CASES = [
+    ('git branch --delete x', ORDINARY, 'git branch that changes branches'),
+    ('git branch -d x', ORDINARY, 'git branch that changes branches'),
+    ('git branch --move a b', ORDINARY, 'git branch that changes branches'),
+    ('git branch --copy a b', ORDINARY, 'git branch that changes branches'),
+    ('git branch --track a', ORDINARY, 'git branch that changes branches'),
+    ('git branch --no-track a', ORDINARY, 'git branch that changes branches'),
+    ('git branch --recurse-submodules a', ORDINARY, 'git branch that changes branches'),
+    ('git branch x', ORDINARY, 'git branch NAME creates a branch'),
+    ('git branch --list x', SAFE, None),
+    ('git tag -d x', ORDINARY, 'git tag that changes tags'),
+    ('git tag -a x', ORDINARY, 'git tag that changes tags'),
+    ('git tag --delete x', ORDINARY, 'git tag that changes tags'),
+    ('git tag --force x', ORDINARY, 'git tag that changes tags'),
+    ('git tag --annotate x', ORDINARY, 'git tag that changes tags'),
+    ('git tag --sign x', ORDINARY, 'git tag that changes tags'),
+    ('git tag --message m x', ORDINARY, 'git tag that changes tags'),
+    ('git tag --file f x', ORDINARY, 'git tag that changes tags'),
+    ('git tag --edit x', ORDINARY, 'git tag that changes tags'),
+    ('git tag x', ORDINARY, 'git tag NAME creates a tag'),
+    ('git tag -l x', SAFE, None),
+    ('git remote add origin u', ORDINARY, 'git remote add'),
+    ('git remote prune origin', ORDINARY, 'git remote prune'),
+    ('git remote get-url origin', SAFE, None),
+    ('git config user.name x', ORDINARY, 'git config that sets values'),
+    ('git config --unset user.name', ORDINARY, 'git config that sets values'),
+    ('git config --get user.name', SAFE, None),
+    ('git reflog', SAFE, None),
+    ('git worktree add wt', ORDINARY, 'git worktree that changes worktrees'),
+    ('git worktree list', SAFE, None),
+    ('git notes add', ORDINARY, 'git notes that changes notes'),
+    ('git notes list', SAFE, None),
+    ('git submodule update', ORDINARY, 'git submodule that changes submodules'),
+    ('git submodule status', SAFE, None),
+    ('git symbolic-ref HEAD refs/heads/x', ORDINARY, 'git symbolic-ref that sets a ref'),
+    ('git symbolic-ref -d HEAD', ORDINARY, 'git symbolic-ref that sets a ref'),
+    ('git symbolic-ref HEAD', SAFE, None),
+    ('git stash push', ORDINARY, 'git stash that changes stashes'),
+    # date --file reads dates from a file (not an operand that sets the clock).
+    ('date --file f', ORDINARY, 'date --file'),
+    ('date -d tomorrow', SAFE, None),
+    ('find . -L', ORDINARY, 'find -L'),
+    # What a pattern matches: through a link or onto a device is outside; a pattern that starts
+    # with a dash may become options (an option word's pattern too: --include=*.py).
+    ('cat zer*', ORDINARY, 'reads outside the workspace (ROOT/zero)'),
+    ('cat -*', ORDINARY, 'the pattern -* expands to options'),
+    ('grep --include=*.py x src', ORDINARY, 'the pattern --include=*.py expands to options'),
+    # grep's pattern is no file, whether first or after -e; -f's value is (the patterns' file).
+    ('grep lin* src/app.py', SAFE, None),
+    ('grep -e a -e lin*/passwd src/app.py', SAFE, None),
+    ('grep -f lin*/passwd src/app.py', ORDINARY, 'reads outside the workspace (ROOT/link/passwd)'),
+    # env -u's name, and where cd, pushd, popd or dirs go, are no files read.
+    ('env -u lin*', SAFE, None),
+    ('cd lin* > out.txt', SAFE, None),
+    ('pushd lin* > out.txt', SAFE, None),
+    ('popd lin* > out.txt', SAFE, None),
+    ('dirs lin* > out.txt', SAFE, None),
+]
+
+
+@pytest.mark.parametrize("row", UNSAFE_CASES, ids=[r[0] for r in UNSAFE_CASES])
+def test_what_the_read_only_check_says(root: Path, tmp_path: Path, row: tuple) -> None:
+    cmd, level, unsafe = row
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    for name in ("git", "date", "find", "cat", "grep", "env"):
+        (bin_ / name).write_text("#!/bin/sh\n")
+        (bin_ / name).chmod(0o755)
+    os.symlink("/etc", root / "link")
+    os.symlink("/dev/zero", root / "zero")
+    (s,) = analyze(cmd, root, env={"PATH": str(bin_)}).steps
+    assert (s.level, s.unsafe) == (level, None if unsafe is None else unsafe.replace("ROOT", str(root)))

@@ -374,7 +374,7 @@ GIT_SAFE: dict[str, tuple[str, ...]] = {
     "name-rev": (), "show-ref": (), "for-each-ref": (), "count-objects": (), "version": (), "whatchanged": ("--output",),
     "check-ignore": (), "check-attr": (), "diff-tree": ("--output", "--ext-diff"), "diff-files": ("--output",),
     "diff-index": ("--output",), "range-diff": ("--output",), "cherry": (), "var": (), "help": ("--web",),
-    # listing forms only; see _git_listing
+    # listing forms only; see _git_listing (reflog's expire/delete/drop: DANGEROUS by git(), never asked)
     "branch": (), "tag": (), "remote": (), "config": (), "stash": (), "reflog": (), "worktree": (), "notes": (),
     "submodule": (), "symbolic-ref": (),
 }
@@ -1586,8 +1586,8 @@ class _Analyzer:
         if base == "hostname" and [w for w in args if w.value and not w.value.startswith("-")]:
             return "hostname with an operand sets the name"
         if base == "find":
-            bad = {"-exec", "-execdir", "-ok", "-okdir", "-delete", "-fprint", "-fprint0", "-fprintf", "-fls", "-L",
-                   "-follow", "-H"}
+            # (-delete was raised to DANGEROUS already, and -L is the read-only list's letter.)
+            bad = {"-exec", "-execdir", "-ok", "-okdir", "-fprint", "-fprint0", "-fprintf", "-fls", "-follow", "-H"}
             for v in (w.value for w in args):
                 if v in bad:
                     return f"find {v}"
@@ -1632,9 +1632,8 @@ class _Analyzer:
         return None
 
     def glob_inside(self, s: Step, pattern: str) -> str | None:
-        for c in self.dirs_of(s):
-            if c is None:
-                return f"{pattern} in a directory the shell computes"
+        # (An unknown directory made the step not coverable: is_safe stopped before this.)
+        for c in self.dirs_of(s) - {None}:
             try:
                 matches = _pattern_matches(pattern, c, hidden=False)
             except (OSError, ValueError):
@@ -1717,9 +1716,6 @@ def _git_listing(sub: str, o: Opts, rest: list[Word]) -> str | None:
         return None if reading and not writing else "git config that sets values"
     if sub == "stash":
         return None if ops and ops[0] in ("list", "show") else "git stash that changes stashes"
-    if sub == "reflog":
-        # show, exists, list and a ref (git reflog HEAD is show) only read
-        return "git reflog that deletes entries" if ops and ops[0] in ("expire", "delete", "drop") else None
     if sub == "worktree":
         return None if ops and ops[0] == "list" else "git worktree that changes worktrees"
     if sub == "notes":
