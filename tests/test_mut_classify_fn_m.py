@@ -282,3 +282,11 @@ def test_what_the_read_only_check_says(root: Path, tmp_path: Path, row: tuple) -
     os.symlink("/dev/zero", root / "zero")
     (s,) = analyze(cmd, root, env={"PATH": str(bin_)}).steps
     assert (s.level, s.unsafe) == (level, None if unsafe is None else unsafe.replace("ROOT", str(root)))
+
+
+@pytest.mark.parametrize("d", ["/bin", "/usr/bin", "/usr/local/bin", "/sbin", "/usr/sbin", "/opt/homebrew/bin"])
+def test_a_listed_program_named_by_a_system_directory_is_still_read_only(root: Path, d: str) -> None:
+    (s,) = analyze(f"{d}/ls src", root).steps
+    assert (s.level, s.unsafe) == (SAFE, None)
+    (s,) = analyze(f"{d}x/ls src", root).steps
+    assert (s.level, s.unsafe) == (ORDINARY, f"{d}x/ls is not a system program")
