@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from classify_fixtures import _no_temp_dirs, root  # noqa: F401 (fixtures: temp_dirs emptied, a git workspace)
 
-from ds4agent.tools.classify import DANGEROUS, MAX_NESTING, ORDINARY, SAFE, UNKNOWN, analyze
+from ds4agent.tools.classify import DANGEROUS, MAX_NESTING, ORDINARY, SAFE, UNKNOWN, _sed_script_ok, analyze
 
 # What `rm -rf /` adds to a judgement when it is seen.
 RMRF = ['recursive delete', 'forced delete', 'deletes outside the workspace (/)', 'names a path outside the workspace (/)']
@@ -290,3 +290,16 @@ def test_a_listed_program_named_by_a_system_directory_is_still_read_only(root: P
     assert (s.level, s.unsafe) == (SAFE, None)
     (s,) = analyze(f"{d}x/ls src", root).steps
     assert (s.level, s.unsafe) == (ORDINARY, f"{d}x/ls is not a system program")
+
+
+@pytest.mark.parametrize("script, ok", [("1 p", True), ("/x/ \t p", True), ("1,3 !p", True), ("$ q", True), ("1 s", False)])
+def test_sed_blanks_between_an_address_and_its_command(script: str, ok: bool) -> None:
+    assert _sed_script_ok(script) is ok
+
+
+@pytest.mark.parametrize("program", ['@load "readdir"; BEGIN {}', 'BEGIN { f = "x"; @f() }', '@include "lib.awk"'])
+def test_gawk_s_at_forms_are_not_read_only(root: Path, program: str) -> None:
+    # @load loads a compiled extension, @include reads more code, @f() calls a function named by
+    # a string (system too): none is read-only.
+    (s,) = analyze(f"awk '{program}' src/app.py", root).steps
+    assert (s.level, s.reasons) == (UNKNOWN, ['the awk program may run commands or write files (system, |, >, getline ...)'])
