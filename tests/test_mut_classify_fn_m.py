@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from classify_fixtures import _no_temp_dirs, root  # noqa: F401 (fixtures: temp_dirs emptied, a git workspace)
 
-from ds4agent.tools.classify import DANGEROUS, MAX_NESTING, ORDINARY, SAFE, UNKNOWN, _sed_script_ok, analyze
+from ds4agent.tools.classify import DANGEROUS, MAX_NESTING, MAX_WRAPPERS, ORDINARY, SAFE, UNKNOWN, _sed_script_ok, analyze
 
 # What `rm -rf /` adds to a judgement when it is seen.
 RMRF = ['recursive delete', 'forced delete', 'deletes outside the workspace (/)', 'names a path outside the workspace (/)']
@@ -303,3 +303,22 @@ def test_gawk_s_at_forms_are_not_read_only(root: Path, program: str) -> None:
     # a string (system too): none is read-only.
     (s,) = analyze(f"awk '{program}' src/app.py", root).steps
     assert (s.level, s.reasons) == (UNKNOWN, ['the awk program may run commands or write files (system, |, >, getline ...)'])
+
+
+def test_wrappers_past_the_limit_are_unknown_not_looked_through(root: Path) -> None:
+    # Seventeen nice's hid the rm: it was judged as nice naming /, ordinary.
+    assert _judged("nice " * MAX_WRAPPERS + "rm -rf /", root) == (DANGEROUS, RMRF, 'n')
+    assert _judged("nice " * (MAX_WRAPPERS + 1) + "rm -rf /", root) == (
+        UNKNOWN, ['wrappers nested too deeply to check', 'names a path outside the workspace (/)'], 'n')
+
+
+def test_what_fdfind_runs_per_file_is_a_step(root: Path) -> None:
+    # fdfind is fd's name on Debian: its -x command is judged like fd's.
+    a = analyze("fdfind . -x rm -rf /", root)
+    assert [(s.program, s.via) for s in a.steps] == [("fdfind", ""), ("rm", "fdfind -x")]
+    assert a.level == DANGEROUS
+
+
+def test_the_wrappers_a_step_was_found_in_are_named_in_order(root: Path) -> None:
+    assert [(s.program, s.via) for s in analyze("nice timeout 5 ls", root).steps] == [("ls", "nice timeout")]
+    assert [(s.program, s.via) for s in analyze("nice xargs echo", root).steps] == [("echo", "nice xargs")]

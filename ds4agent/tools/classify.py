@@ -42,6 +42,7 @@ from .shellparse import UNKNOWN_DIR, Command, Redirect, Script, Word, parse
 SAFE, ORDINARY, UNKNOWN, DANGEROUS = 0, 1, 2, 3
 LEVELS = ("safe", "ordinary", "unknown", "dangerous")
 MAX_NESTING = 8  # bash -c "bash -c '...'" deeper than this is unknown
+MAX_WRAPPERS = 16  # nice nice ... rm: a wrapper this many deep is not looked through
 MAX_COMMAND = 100_000  # characters; longer commands are not parsed (unknown)
 
 
@@ -613,7 +614,7 @@ class _Analyzer:
         step = Step(list(cmd.words), cmd.source, list(cmd.assigns), list(cmd.redirects), cmd, via=via,
                     dirs=self.resolve_dirs(cmd.cwd, start))
         if cmd.kind == "declaration":
-            name = step.program or ""
+            name = step.program  # (a declaration's keyword: never computed)
             exported = name == "export" or any(w.value and w.value.startswith("-") and "x" in w.value for w in step.argv[1:])
             self.assignment(step.assigns, exported=exported)
             step.inert = True
@@ -637,7 +638,7 @@ class _Analyzer:
 
     def unwrap(self, step: Step, out: list[Step], depth: int) -> None:
         """Look through wrappers; add nested shells' programs to ``out``."""
-        for _ in range(16):
+        for unwrapped in range(MAX_WRAPPERS + 1):
             prog = step.program
             if prog is None:
                 return
@@ -654,6 +655,11 @@ class _Analyzer:
                         self.nested(step, w, f"{base} -c", out, depth)
                     return
             if base in WRAPPERS or base in ("xargs", "watch", "busybox", "find", "fd", "fdfind"):
+                if unwrapped == MAX_WRAPPERS:
+                    # `nice nice ... rm`: past this many, what the last wrapper runs is not looked at
+                    step.raise_to(UNKNOWN, "wrappers nested too deeply to check")
+                    step.coverable = False
+                    return
                 if base in _SERVICES:
                     step.not_coverable(f"{base} asks a service outside the sandbox to run things")
                 inner = self.inner(step, base, args, out, depth)
