@@ -118,6 +118,12 @@ CHANGE_CASES = [
     ('setfacl -M /etc/x a', ORDINARY, ['names a path outside the workspace (/etc/x)'], 'n'),
     ('setfacl -R -m u:x:r src', DANGEROUS, ['recursive permission or owner change'], 'y'),
     ('setfacl -m u:x:r src/app.py', ORDINARY, ['runs setfacl'], 'y'),
+    # --set-file, --modify-file and --remove-file name the file an ACL is read from; --restore a
+    # dump to apply: none of those is a file that changes.
+    ('setfacl --set-file /etc/acl src/app.py', ORDINARY, ['names a path outside the workspace (/etc/acl)'], 'n'),
+    ('setfacl --modify-file /etc/acl src/app.py', ORDINARY, ['names a path outside the workspace (/etc/acl)'], 'n'),
+    ('setfacl --remove-file /etc/acl src/app.py', ORDINARY, ['names a path outside the workspace (/etc/acl)'], 'n'),
+    ('setfacl --restore /etc/acl', ORDINARY, ['names a path outside the workspace (/etc/acl)'], 'n'),
     # chattr: leading words starting with -, + or = are attributes (or -R/-V/-f, -v N, -p N);
     # the files follow.
     ('chattr -i /etc/x', DANGEROUS, ['changes outside the workspace (/etc/x)', 'names a path outside the workspace (/etc/x)'], 'n'),
@@ -133,6 +139,8 @@ CHANGE_CASES = [
     ('chattr -i', ORDINARY, ['runs chattr'], 'y'),
     ('chattr - /etc/x', DANGEROUS, ['changes outside the workspace (/etc/x)', 'names a path outside the workspace (/etc/x)'], 'n'),
     ('chattr $A src/app.py', UNKNOWN, ['changes a computed path ($A)'], 'y'),
+    ('cd /etc && chattr +i Xorg.conf', DANGEROUS,
+     ['runs in a directory outside the workspace (/etc)', 'changes outside the workspace (/etc/Xorg.conf)'], 'yn'),
     # chmod: the dash modes before -- are the mode (GNU joins -x -w into one); after --, a word
     # like -x is a file.
     ('chmod -x -w /etc/x', DANGEROUS, ['changes outside the workspace (/etc/x)', 'names a path outside the workspace (/etc/x)'], 'n'),
