@@ -330,3 +330,34 @@ def test_what_fdfind_runs_per_file_is_a_step(root: Path) -> None:
 def test_the_wrappers_a_step_was_found_in_are_named_in_order(root: Path) -> None:
     assert [(s.program, s.via) for s in analyze("nice timeout 5 ls", root).steps] == [("ls", "nice timeout")]
     assert [(s.program, s.via) for s in analyze("nice xargs echo", root).steps] == [("echo", "nice xargs")]
+
+
+FIND_CASES = [
+    # Each -exec/-ok runs up to its own ; or +, the next one starts after it; an empty one runs
+    # nothing. What find and fd run per file runs where they run (after cd /tmp: /tmp/x), and a
+    # shell there is read like any other. fd's placeholders ({}, {/}, {//}, {.}) are computed.
+    ('find . -exec \\; -exec rm -rf / \\;', DANGEROUS, RMRF, 'nn'),
+    ('find . -exec ls {} + -exec rm -rf / \\;', DANGEROUS, RMRF, 'nyn'),
+    ('find . -exec ls \\; -exec rm -rf / \\;', DANGEROUS, RMRF, 'nyn'),
+    ('cd /tmp && find . -exec rm x \\;', DANGEROUS,
+     ['runs in a directory outside the workspace (/tmp)', 'deletes outside the workspace (/tmp/x)'], 'ynn'),
+    ('cd /tmp && fd . -x rm x', DANGEROUS,
+     ['runs in a directory outside the workspace (/tmp)', 'rm with arguments the shell computes ({}), which may be options',
+      'deletes outside the workspace (/tmp/x)', 'deletes a computed path ({})'], 'ynn'),
+    ('fd . -x rm -rf {//}', DANGEROUS,
+     ['recursive delete', 'forced delete', 'rm with arguments the shell computes ({//}), which may be options',
+      'deletes a computed path ({//})', 'deletes a computed path ({})'], 'yy'),
+    ("fd . -x sh -c 'rm -rf /'", DANGEROUS, RMRF, 'yyn'),
+    ("find . -exec sh -c 'rm -rf /' \\;", DANGEROUS, RMRF, 'yyn'),
+    # chattr's -v and -p take the next word (a number), which is no file.
+    ('cd /etc && chattr -v 5 +i src', DANGEROUS,
+     ['runs in a directory outside the workspace (/etc)', 'changes outside the workspace (/etc/src)'], 'yn'),
+    ('cd /etc && chattr -p 6 +i src', DANGEROUS,
+     ['runs in a directory outside the workspace (/etc)', 'changes outside the workspace (/etc/src)'], 'yn'),
+]
+
+
+@pytest.mark.parametrize("row", FIND_CASES, ids=[r[0] for r in FIND_CASES])
+def test_what_find_and_fd_run_per_file(root: Path, row: tuple) -> None:
+    cmd, level, reasons, coverable = row
+    assert _judged(cmd, root) == (level, reasons, coverable)
