@@ -361,3 +361,9 @@ FIND_CASES = [
 def test_what_find_and_fd_run_per_file(root: Path, row: tuple) -> None:
     cmd, level, reasons, coverable = row
     assert _judged(cmd, root) == (level, reasons, coverable)
+
+
+def test_a_computed_nested_command_is_named_by_its_first_60_characters(root: Path) -> None:
+    word = '"$(printf %s ' + "a" * 80 + ')"'
+    (s, *_) = [s for s in analyze("bash -c " + word, root).steps if s.program == "bash"]
+    assert f"bash -c runs a computed command ({word[:60]})" in s.reasons and len(word[:60]) == 60
