@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from classify_fixtures import _no_temp_dirs, root  # noqa: F401 (fixtures: temp_dirs emptied, a git workspace)
 
-from ds4agent.tools.classify import DANGEROUS, MAX_NESTING, MAX_WRAPPERS, ORDINARY, SAFE, UNKNOWN, _sed_script_ok, analyze
+from ds4agent.tools.classify import DANGEROUS, MAX_WRAPPERS, ORDINARY, SAFE, UNKNOWN, _sed_script_ok, analyze
 
 # What `rm -rf /` adds to a judgement when it is seen.
 RMRF = ['recursive delete', 'forced delete', 'deletes outside the workspace (/)', 'names a path outside the workspace (/)']
@@ -53,6 +53,8 @@ STDIN_CASES = [
     ("bash <<'EOF'\nls\nEOF", ORDINARY, ['runs bash'], 'ny'),
     ('echo ls | bash', ORDINARY, ['runs bash'], 'yny'),
     ('ls | bash', UNKNOWN, ['bash runs text from a pipe as code (decoded or computed text is not checked)'], 'yn'),
+    # A program named by a pattern: what it runs depends on the files there.
+    ('sr*/app.py x', UNKNOWN, ['the program name is a file pattern (sr*/app.py)'], 'n'),
     # The code a shell reads runs where the shell runs: after cd /tmp, its `rm x` deletes /tmp/x.
     ("cd /tmp && bash <<'EOF'\nrm x\nEOF", DANGEROUS,
      ['runs in a directory outside the workspace (/tmp)', 'deletes outside the workspace (/tmp/x)'], 'ynn'),
@@ -77,9 +79,9 @@ def _heredocs(n: int, inner: str) -> str:
 
 @pytest.mark.parametrize("inner, depth", [("ls", 1), ("echo ls | bash", 2)])
 def test_a_here_document_or_echo_pipe_is_one_level_deeper(root: Path, inner: str, depth: int) -> None:
-    # The innermost `ls` sits MAX_NESTING levels deep: read. One more level is too deep, whether
+    # The innermost `ls` sits 8 levels deep (MAX_NESTING): read. One more level is too deep, whether
     # the last level is a here-document or echo text piped into a shell.
-    n = MAX_NESTING - depth + 1
+    n = 8 - depth + 1  # (MAX_NESTING is 8: written out, so a changed limit fails here)
     a = analyze(_heredocs(n, inner), root)
     assert a.findings == []
     assert [s.program for s in a.steps][-1] == "ls"
@@ -314,9 +316,11 @@ def test_gawk_s_at_forms_are_not_read_only(root: Path, program: str) -> None:
 
 
 def test_wrappers_past_the_limit_are_unknown_not_looked_through(root: Path) -> None:
-    # Seventeen nice's hid the rm: it was judged as nice naming /, ordinary.
-    assert _judged("nice " * MAX_WRAPPERS + "rm -rf /", root) == (DANGEROUS, RMRF, 'n')
-    assert _judged("nice " * (MAX_WRAPPERS + 1) + "rm -rf /", root) == (
+    # Seventeen nice's hid the rm: it was judged as nice naming /, ordinary. (The counts are
+    # written out: a test that read MAX_WRAPPERS would follow a changed limit.)
+    assert MAX_WRAPPERS == 16
+    assert _judged("nice " * 16 + "rm -rf /", root) == (DANGEROUS, RMRF, 'n')
+    assert _judged("nice " * 17 + "rm -rf /", root) == (
         UNKNOWN, ['wrappers nested too deeply to check', 'names a path outside the workspace (/)'], 'n')
 
 
