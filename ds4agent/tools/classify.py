@@ -638,7 +638,7 @@ class _Analyzer:
 
     def unwrap(self, step: Step, out: list[Step], depth: int) -> None:
         """Look through wrappers; add nested shells' programs to ``out``."""
-        for unwrapped in range(MAX_WRAPPERS + 1):
+        for unwrapped in itertools.count():  # (ends at MAX_WRAPPERS below, or sooner)
             prog = step.program
             if prog is None:
                 return
@@ -1627,7 +1627,7 @@ class _Analyzer:
         operand_places (the same words: outside, a device, a computed directory, .git), its
         directory and `<` redirections by reads_and_dirs; either leaves the step not sandboxable,
         and is_safe stops before this. A pattern is judged there by its literal text only."""
-        for w in _path_words(os.path.basename(s.program or ""), args):
+        for w in _path_words(os.path.basename(s.program), args):  # (is_safe: a known program)
             if not w.glob or w.value is None:
                 continue
             if w.value.startswith("-"):
