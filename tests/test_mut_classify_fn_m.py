@@ -271,6 +271,11 @@ UNSAFE_CASES = [
     ('grep lin* src/app.py', SAFE, None),
     ('grep -e a -e lin*/passwd src/app.py', SAFE, None),
     ('grep -f lin*/passwd src/app.py', ORDINARY, 'reads outside the workspace (ROOT/link/passwd)'),
+    ('grep -e a lin*/passwd', ORDINARY, 'reads outside the workspace (ROOT/link/passwd)'),
+    # getopt permutes: an -e after the operands still makes every operand a file (it read
+    # lin*/passwd as the pattern, unchecked).
+    ('grep lin*/passwd -e a', ORDINARY, 'reads outside the workspace (ROOT/link/passwd)'),
+    ('grep lin*/passwd src/app.py', SAFE, None),  # (the first operand is the pattern)
     # env -u's name, and where cd, pushd, popd or dirs go, are no files read.
     ('env -u lin*', SAFE, None),
     ('cd lin* > out.txt', SAFE, None),

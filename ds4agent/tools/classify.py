@@ -1742,8 +1742,8 @@ def _path_words(base: str, args: list[Word]) -> list[Word]:
     if base not in _PATTERN_FIRST or base == "git":
         return args
     out: list[Word] = []
-    skip_next = pattern_given = False
-    dashdash = False
+    operands: list[Word] = []
+    skip_next = pattern_given = dashdash = False
     # -f FILE (grep's patterns, sed's and awk's script, jq's filter) names a file that is read,
     # and then every operand is a file; ag's -f is a flag (follow links).
     file_opts = ("-f", "--file") if base != "ag" else ()
@@ -1771,11 +1771,9 @@ def _path_words(base: str, args: list[Word]) -> list[Word]:
                 continue
             out.append(w)
             continue
-        if not pattern_given:
-            pattern_given = True
-            continue
-        out.append(w)
-    return out
+        operands.append(w)
+    # Options may follow operands (getopt permutes): `grep lin*/passwd -e x` reads lin*/passwd.
+    return out + (operands if pattern_given else operands[1:])
 
 
 def _crontab_lists(s: Step) -> bool:
