@@ -325,6 +325,7 @@ def test_wrappers_past_the_limit_are_unknown_not_looked_through(root: Path) -> N
     # written out: a test that read MAX_WRAPPERS would follow a changed limit.)
     assert MAX_WRAPPERS == 16
     assert _judged("nice " * 16 + "rm -rf /", root) == (DANGEROUS, RMRF, 'n')
+    assert _judged("nice " * 17 + "ls", root) == (UNKNOWN, ['wrappers nested too deeply to check'], 'n')
     assert _judged("nice " * 17 + "rm -rf /", root) == (
         UNKNOWN, ['wrappers nested too deeply to check', 'names a path outside the workspace (/)'], 'n')
 
