@@ -289,6 +289,8 @@ def _chattr_words(args: list[Word]) -> tuple[list[Word], bool]:
             recursive = recursive or "R" in v
             i += v.count("v") + v.count("p")
     return args[i:], recursive
+
+
 # Programs that hand work to a daemon running outside the sandbox (containers, terminal
 # multiplexers, the service manager, the desktop): confined or not, the result is not.
 _SERVICES = {"docker", "podman", "nerdctl", "colima", "lima", "limactl", "kubectl", "tmux", "screen", "byobu",
