@@ -20,17 +20,9 @@ from pathlib import Path
 
 import pytest
 from classify_fixtures import _no_temp_dirs, root  # noqa: F401 (fixtures: temp_dirs emptied, a git workspace)
+from test_mut_classify_fn_l import RMRF, _judged  # what rm -rf / adds; (level, reasons, coverable letters)
 
 from ds4agent.tools.classify import DANGEROUS, MAX_WRAPPERS, ORDINARY, SAFE, UNKNOWN, _sed_script_ok, analyze
-
-# What `rm -rf /` adds to a judgement when it is seen.
-RMRF = ['recursive delete', 'forced delete', 'deletes outside the workspace (/)', 'names a path outside the workspace (/)']
-
-
-def _judged(cmd: str, root: Path) -> tuple:
-    a = analyze(cmd, root)
-    return a.level, a.reasons(), "".join("y" if s.coverable else "n" for s in a.steps)
-
 
 STDIN_CASES = [
     # A process substitution is a downloaded script when any of its programs downloads, wherever
@@ -61,12 +53,6 @@ STDIN_CASES = [
     ("cd /tmp && echo 'rm x' | bash", DANGEROUS,
      ['runs in a directory outside the workspace (/tmp)', 'deletes outside the workspace (/tmp/x)'], 'ynnn'),
 ]
-
-
-@pytest.mark.parametrize("row", STDIN_CASES, ids=[r[0].splitlines()[0] for r in STDIN_CASES])
-def test_code_a_shell_reads_from_its_input(root: Path, row: tuple) -> None:
-    cmd, level, reasons, coverable = row
-    assert _judged(cmd, root) == (level, reasons, coverable)
 
 
 def _heredocs(n: int, inner: str) -> str:
@@ -153,12 +139,6 @@ CHANGE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("row", CHANGE_CASES, ids=[r[0] for r in CHANGE_CASES])
-def test_the_files_a_mode_or_attribute_change_touches(root: Path, row: tuple) -> None:
-    cmd, level, reasons, coverable = row
-    assert _judged(cmd, root) == (level, reasons, coverable)
-
-
 OPTION_CASES = [
     # gawk: --source's value is program text, and options still follow it (permute=False stops
     # only at the first operand): the -f after it is seen.
@@ -176,12 +156,6 @@ OPTION_CASES = [
     # A quoted ~ is a name in this directory (shellparse expands an unquoted one).
     ("cat '~/x'", SAFE, ['runs cat'], 'y'),
 ]
-
-
-@pytest.mark.parametrize("row", OPTION_CASES, ids=[r[0] for r in OPTION_CASES])
-def test_options_that_decide_the_program_or_the_output(root: Path, row: tuple) -> None:
-    cmd, level, reasons, coverable = row
-    assert _judged(cmd, root) == (level, reasons, coverable)
 
 
 @pytest.mark.parametrize("cmd", ["sed -n p lin*/passwd", "awk '{print}' lin*/passwd", "mawk '{print}' lin*/passwd",
@@ -367,13 +341,18 @@ FIND_CASES = [
 ]
 
 
-@pytest.mark.parametrize("row", FIND_CASES, ids=[r[0] for r in FIND_CASES])
-def test_what_find_and_fd_run_per_file(root: Path, row: tuple) -> None:
-    cmd, level, reasons, coverable = row
-    assert _judged(cmd, root) == (level, reasons, coverable)
-
-
 def test_a_computed_nested_command_is_named_by_its_first_60_characters(root: Path) -> None:
     word = '"$(printf %s ' + "a" * 80 + ')"'
     (s, *_) = [s for s in analyze("bash -c " + word, root).steps if s.program == "bash"]
     assert f"bash -c runs a computed command ({word[:60]})" in s.reasons and len(word[:60]) == 60
+
+
+# Every table above, one test: the command's level, every reason, and which steps may be covered.
+JUDGED = [(table, row) for table, rows in (("stdin", STDIN_CASES), ("change", CHANGE_CASES), ("option", OPTION_CASES),
+                                           ("find", FIND_CASES)) for row in rows]
+
+
+@pytest.mark.parametrize("row", [r for _, r in JUDGED], ids=[f"{t}:{r[0].splitlines()[0]}" for t, r in JUDGED])
+def test_judgement(root: Path, row: tuple) -> None:
+    cmd, level, reasons, coverable = row
+    assert _judged(cmd, root) == (level, reasons, coverable)
