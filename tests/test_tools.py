@@ -474,18 +474,28 @@ def test_spill_files_and_jobs_are_cleaned_up_at_exit(tmp_path) -> None:
         "r = bash(ws, {'command': 'seq 1 500'})\n"
         "print(r.text.split('full output in ')[1].split(' …]')[0])\n"
         "j = bash(ws, {'command': 'sleep 300', 'background': True})\n"
+        "from ds4agent.tools.shell import JOBS\n"
+        "print(max(job.proc.pid for job in JOBS.jobs.values()))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
-    spill = Path(out.stdout.strip())
+    spill_line, pid_line = out.stdout.strip().splitlines()
+    spill, pid = Path(spill_line), int(pid_line)
     assert not spill.exists() and not spill.parent.exists()
-    # The job's group got SIGTERM and its leader was waited for; a process of the group below a
-    # sandbox wrapper may take a moment to die on a loaded machine (CI saw one still listed).
+    # The job's group got SIGTERM and its leader was waited for. Its own pid is watched (a global
+    # pgrep matches any process whose command line holds "sleep 300"); a loaded machine may take
+    # a moment. A failure shows what the process was.
+    def alive() -> bool:
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+        except (FileNotFoundError, ProcessLookupError):
+            return False
+
     for _ in range(50):
-        left = subprocess.run(["pgrep", "-f", "sleep 300"], capture_output=True, text=True)
-        if left.stdout.strip() == "":
+        if not alive():
             break
         time.sleep(0.1)
-    assert left.stdout.strip() == ""
+    ps = subprocess.run(["ps", "-o", "pid,ppid,pgid,stat,etime,args", "-p", str(pid)], capture_output=True, text=True)
+    assert not alive(), ps.stdout
 
 
 # -- file tools never leave the workspace through symlinks, never touch any .git -----------------
