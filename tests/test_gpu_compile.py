@@ -2,7 +2,7 @@
 
 For every kernel instantiation the engine can launch (on the demo models and on the published
 Flash layout, q2 and q4: tests/gpu_harness.py launches_of), the exact source text that
-mx.fast.cuda_kernel builds (tests/mlx_sources.py: MLX 0.32.4's generator mirrored, checked
+mx.fast.cuda_kernel builds (tests/mlx_sources.py: MLX 0.32.3's generator mirrored, checked
 against the pinned mlx-cuda-12 wheel) is compiled by NVRTC 12.9 with MLX's own options, device
 headers and CUDA headers, to SASS for sm_80 (A100) and sm_90a (H100/H200: MLX adds the "a"
 from compute capability 9 on), with ptxas asked to warn on spills and local memory, and any
@@ -110,7 +110,7 @@ def test_mirror_reproduces_mlx_layout() -> None:
 def test_engine_launches_are_among_the_enumerated(demo_path) -> None:
     """The enumeration the compile test covers contains every instantiation a real session
     makes: GpuKernels running the whole demo model (bodies on the CPU through the harness) over
-    a prefill, a short suffix (a 5-token product) and greedy decoding."""
+    a prefill (40 tokens), a short suffix (a 5-token product) and greedy decoding."""
     calls: list = []
     with Engine.open(demo_path, backend="cpu", kernels="reference", qat_sim=False) as e:
         e._model.k = gpu.GpuKernels(e._model.w, "cuda", make=harness_make("cuda", calls))
@@ -121,6 +121,7 @@ def test_engine_launches_are_among_the_enumerated(demo_path) -> None:
         list(s.generate(SamplingParams(temperature=0), max_tokens=6, stop_at_eos=False))
     used = mlx_sources.cuda_instances(calls)
     assert {n for n, _, _ in calls} == {f"ds4_{k}" for k in gpu.BODIES}
+    assert {dict(t)["TILE"] for n, t, _ in calls if n == "ds4_matmul"} == {1, 8}  # decode, suffix and prefill
     assert set(used) <= set(mlx_sources.cuda_instances(launches_of(demo_path, "cuda")))
 
 
@@ -132,8 +133,9 @@ def _compile_all(mlx_cuda, sources: dict[str, tuple[str, str]]) -> list[tuple[st
 
 def test_every_instantiation_compiles_clean(nvrtc, mlx_cuda, all_launches) -> None:
     sources = mlx_sources.cuda_instances(all_launches)
-    assert {label.split("_")[3] for _, label in sources.values()} == {"matvec", "gate", "down", "scores", "mix"}
-    assert len(sources) >= 15  # 4 models: the Flash q2/q4 kernels plus the demo models'
+    labels = [label for _, label in sources.values()]
+    assert {k for k in gpu.BODIES if any(lb.startswith(f"custom_kernel_ds4_{k}") for lb in labels)} == set(gpu.BODIES)
+    assert len(sources) >= 30  # 4 models: the Flash q2/q4 kernels plus the demo models'
     bad = [f"{label} {arch}:\n{r.log[-2000:]}" for label, arch, r in _compile_all(mlx_cuda, sources)
            if not r.clean or not r.symbol or r.cubin_bytes == 0]
     assert not bad, "\n".join(bad)
@@ -144,19 +146,19 @@ def test_a_planted_bug_fails_the_compile(nvrtc, mlx_cuda, monkeypatch, bug: str)
     """Plausible mistakes in a kernel body, each caught by the compile above: a misspelt input
     name, a pointer stored as a float, an unused variable (a warning), and a body that forgets
     the runtime sizes it must read (an input name the signature no longer has)."""
-    ins, outs, body = gpu.BODIES["gate_up"]
+    ins, outs, body = gpu.BODIES["moe_gate_up"]
     planted = {
-        "typo": (ins, body.replace("route[s]", "routes[s]")),
-        "type": (ins, body.replace("mid[gid] = g / ", "mid[gid] = up; mid[gid] = g / ")),
-        "warning": (ins, body.replace("const float c = clampv[0];", "const float c = clampv[0]; int unused_n;")),
+        "typo": (ins, body.replace("order[start", "orders[start")),
+        "type": (ins, body.replace("part[o] = ag[p];", "part[o] = gate; part[o] = ag[p];")),
+        "warning": (ins, body.replace("const uint32_t gid = GID;", "const uint32_t gid = GID; int unused_n;")),
         "missing-dims": (ins.replace(" dims", ""), body),
     }[bug]
     assert planted != (ins, body)
-    monkeypatch.setitem(gpu.BODIES, "gate_up", (planted[0], outs, planted[1]))
-    sources = mlx_sources.cuda_instances([("ds4_gate_up", tuple(gpu.plan_gate_up(16, 1, 6, 2048, 4096).template),
-                                           (("uint8", (99,)), ("uint8", (99,)), ("float32", (4096,)), ("int32", (6,)),
-                                            ("float32", (6,)), ("float32", (1,)), ("float32", (2048,)),
-                                            ("float32", (1024,)), ("int32", (1,)))[:len(planted[0].split())])])
+    monkeypatch.setitem(gpu.BODIES, "moe_gate_up", (planted[0], outs, planted[1]))
+    launch = gpu.plan_experts(16, 10, gpu.expert_plan(np.arange(12).reshape(2, 6) % 4, 256), 2048, 4096)[0]
+    args = (("uint8", (99,)), ("uint8", (99,)), ("float32", (8192,)), ("int32", (12,)), ("int32", (12,)),
+            ("float32", (2048,)), ("float32", (1024,)), ("int32", (3,)))
+    sources = mlx_sources.cuda_instances([("ds4_moe_gate_up", tuple(launch.template), args[:len(planted[0].split())])])
     [(text, (sym, _))] = sources.items()
     r = nvrtc.compile(text, sym, "sm_80", mlx_cuda, PTXAS)
     assert not r.clean, text

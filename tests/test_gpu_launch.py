@@ -48,20 +48,23 @@ def _np(a: mx.array) -> np.ndarray:
     return np.array(a.astype(mx.float32))
 
 
-@pytest.mark.parametrize("T", [1, 3])
-def test_matvec_launch_matches_reference(engines, T: int) -> None:
+@pytest.mark.parametrize("T", [1, 3, 64])
+def test_matmul_launch_matches_reference(engines, T: int) -> None:
     ours, ref = (e._model.k for e in engines)
     rng = np.random.default_rng(T)
     for name in ("output.weight", "blk.0.attn_q_b.weight", "blk.1.attn_output_a.weight",
-                 "blk.0.ffn_gate_shexp.weight"):
+                 "blk.0.ffn_gate_shexp.weight", "blk.0.hc_attn_fn.weight", "blk.0.ffn_gate_inp.weight"):
         n = engines[0]._file.tensors[name].shape[-1]
         x = mx.array(rng.normal(size=(T, n)).astype(np.float32))
         assert rel_err(_np(ours.linear(x, name)), _np(ref.linear(x, name))) <= 1e-5, name
     x = mx.array(rng.normal(size=(T, engines[0]._file.tensors["output.weight"].shape[-1])).astype(np.float32))
     assert rel_err(_np(ours.linear(x, "output.weight", (7, 300))), _np(ref.linear(x, "output.weight", (7, 300)))) <= 1e-5
+    x = x[:, 32:96]
+    assert rel_err(_np(ours.linear(x, "output.weight", None, (32, 96))),
+                   _np(ref.linear(x, "output.weight", None, (32, 96)))) <= 1e-5
 
 
-@pytest.mark.parametrize("T", [1, 4])
+@pytest.mark.parametrize("T", [1, 4, 64])
 @pytest.mark.parametrize("layer", [0, 3])
 def test_experts_launch_matches_reference(engines, layer: int, T: int) -> None:
     ours, ref = (e._model.k for e in engines)
@@ -91,23 +94,28 @@ def test_experts_launch_at_flash_dimensions(engines) -> None:
     experts, through the launched kernels, against float64 on gguf's dequantisation."""
     kern = engines[0]._model.k
     c = flash_experts_case()
-    E, F, k = c["E"], c["F"], c["k"]
-    sel = mx.array(c["sel"].reshape(-1))
-    mid = kern._run(gpu.plan_gate_up(int(Q.IQ2_XXS), 1, k, F, E),
-                    [mx.array(c["gate"].reshape(-1)), mx.array(c["up"].reshape(-1)), mx.array(c["x"]), sel,
-                     mx.array(c["route"].reshape(-1)), mx.array([c["clamp"]], dtype=mx.float32), kern._grid, kern._signs])
-    y = _np(kern._run(gpu.plan_down(int(Q.Q2_K), 1, k, F, E),
-                      [mx.array(c["down"].reshape(-1)), mid, sel, kern._grid, kern._signs]))
+    E, F = c["E"], c["F"]
+    plan = gpu.expert_plan(c["sel"], 8)
+    gate_up, glu, down, total = gpu.plan_experts(int(Q.IQ2_XXS), int(Q.Q2_K), plan, F, E)
+    tiles, order = mx.array(plan.tiles.reshape(-1)), mx.array(plan.order)
+    part = kern._run(gate_up, [mx.array(c["gate"].reshape(-1)), mx.array(c["up"].reshape(-1)), mx.array(c["x"]), tiles,
+                               order, kern._grid, kern._signs])
+    mid = kern._run(glu, [part, order, mx.array(c["route"].reshape(-1)), mx.array([c["clamp"]], dtype=mx.float32)])
+    part = kern._run(down, [mx.array(c["down"].reshape(-1)), mid, tiles, kern._grid, kern._signs])
+    y = _np(kern._run(total, [part, mx.array(plan.inv)]))
     assert rel_err(y[0], c["want"]) <= 1e-4
 
 
-def test_whole_model_on_gpu_kernels_matches_reference(engines) -> None:
-    """A 200-token prompt (past the window: compressed rows and the indexer), then 24 greedy
-    tokens: the same tokens, and logits to 1e-4 relative, on either kernel set."""
+@pytest.mark.parametrize("chunk", [1, 64, 256])
+def test_whole_model_on_gpu_kernels_matches_reference(engines, chunk: int) -> None:
+    """A 200-token prompt (past the window: compressed rows and the indexer) prefilled in
+    chunks of 1, 64 and 256 tokens, then 24 greedy tokens: the same tokens, and logits to 1e-4
+    relative, on either kernel set."""
     ids = np.random.default_rng(5).integers(1000, 120000, 200).tolist()
     runs = []
     for e in engines:
         s = e.session()
+        s.prefill_chunk = chunk
         s.sync(ids)
         first = s.logits.copy()
         toks = [st.token for st in s.generate(SamplingParams(temperature=0), max_tokens=24, stop_at_eos=False)]

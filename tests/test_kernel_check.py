@@ -78,51 +78,69 @@ def test_cpu_kernels_pass_every_operation(weights) -> None:
 
 
 def test_gpu_kernels_pass_on_the_cpu_harness(weights) -> None:
-    """linear, experts and attend are GpuKernels' own (checked, through the kernel bodies);
-    everything else is the reference's own and not run twice."""
+    """linear, linears, grouped, experts, attend and hc_pre are GpuKernels' own (checked,
+    through the kernel bodies); everything else is the reference's own and not run twice."""
     r = check.self_check(HarnessGpu(weights, "cuda"), ReferenceKernels(weights), weights)
     assert r.refused == {}
-    assert {c.op for c in r.results} == {"linear", "experts", "attend"}
-    assert set(r.inherited) == set(check.operations()) - {"linear", "experts", "attend"}
+    own = {"linear", "linears", "grouped", "experts", "attend", "hc_pre"}
+    assert {c.op for c in r.results} == own
+    assert set(r.inherited) == set(check.operations()) - own
     assert max(c.err for c in r.results) <= 1e-5
     assert r.seconds < 5
 
 
-BUGS = {  # kernel body -> (a plausible mistake, the operation it breaks, the reason the check gives)
-    "compile": ("gate_up", lambda b: b.replace("route[s]", "routes[s]"), "experts", "error: CompileError"),
-    "wrong": ("gate_up", lambda b: b.replace(" * u * route[s]", " * u"), "experts", "mismatch: relative error"),
-    "nan": ("matvec", lambda b: b.replace("y[gid] = dot_row", "y[gid] = (r == 3 ? 0.0f / 0.0f : 1.0f) * dot_row"),
-            "linear", "non-finite"),
-    "row-offset": ("matvec", lambda b: b.replace("(size_t)dims[2] + r", "(size_t)r"), "linear", "mismatch"),
-    "visible-rows": ("mix", lambda b: b.replace("v < n_vis", "v + 1 < n_vis"), "attend", "mismatch"),
+DENSE = ("linear", "linears", "grouped", "hc_pre")  # every product of a dense matrix runs the matmul kernel
+BUGS = {  # kernel body -> (a plausible mistake, the operations it breaks, the reason the check gives)
+    "compile": ("moe_glu", lambda b: b.replace("* route[order", "* routes[order"), ("experts",), "error: CompileError"),
+    "wrong": ("moe_glu", lambda b: b.replace(" * u * route[order[gid / F]]", " * u"), ("experts",),
+              "mismatch: relative error"),
+    "nan": ("matmul", lambda b: b.replace("+ s] = acc[p];", "+ s] = (r == 3 ? 0.0f / 0.0f : 1.0f) * acc[p];"),
+            DENSE, "non-finite"),
+    "row-offset": ("matmul", lambda b: b.replace("(k == 0 ? (uint32_t)dims[2] : 0u)", "0u"), ("linear",), "mismatch"),
+    # Rows past the first matrix read the first matrix (only products of several at once).
+    "matrix": ("matmul", lambda b: b.replace("k == 0 ? W0 : k == 1 ? W1", "k == 0 ? W0 : k == 1 ? W0"), ("linears",),
+               "mismatch"),
+    # Every token of a tile reads the first one's activations (only products of 2+ tokens).
+    "tile": ("matmul", lambda b: b.replace("tok[p] = t0 + p < n_tok ? t0 + p : n_tok - 1;", "tok[p] = t0;"), DENSE,
+             "mismatch"),
+    # The last split of the input is left out of the sum (only products split along the input).
+    "split": ("reduce", lambda b: b.replace("s < n_split", "s + 1 < n_split"), DENSE, "mismatch"),
+    # An expert's tile reads the first sorted slot's token for all its slots (prefill only).
+    "expert-tile": ("moe_gate_up", lambda b: b.replace("order[start + (p < n ? p : n - 1)]", "order[start]"),
+                    ("experts",), "mismatch"),
+    # The post weights of the hyper-connection mix not doubled.
+    "hc-post": ("hc_weights", lambda b: b.replace("w[at + HC + j] = 2.0f * (", "w[at + HC + j] = ("), ("hc_pre",),
+                "mismatch"),
+    "visible-rows": ("mix", lambda b: b.replace("v < n_vis", "v + 1 < n_vis"), ("attend",), "mismatch"),
 }
 
 
-def _plant(monkeypatch, bug: str) -> tuple[str, str]:
-    kind, change, op, why = BUGS[bug]
+def _plant(monkeypatch, bug: str) -> tuple[tuple[str, ...], str]:
+    kind, change, ops, why = BUGS[bug]
     ins, outs, body = gpu.BODIES[kind]
     assert change(body) != body
     monkeypatch.setitem(gpu.BODIES, kind, (ins, outs, change(body)))
-    return op, why
+    return ops, why
 
 
 @pytest.mark.parametrize("bug", sorted(BUGS))
 def test_a_planted_kernel_bug_is_refused(weights, monkeypatch, bug: str) -> None:
-    op, why = _plant(monkeypatch, bug)
+    ops, why = _plant(monkeypatch, bug)
     k = HarnessGpu(weights, "cuda")
     ref = ReferenceKernels(weights)
     r = check.self_check(k, ref, weights)
-    assert set(r.refused) == {op}, r.refused
-    assert r.refused[op].startswith(why), r.refused[op]
+    assert set(r.refused) == set(ops), r.refused
+    assert all(r.refused[op].startswith(why) for op in ops), r.refused
     note = r.note
-    assert "\n" not in note and note.startswith(f"cuda kernels refused by the self-check, {op}: {why}")
-    had = set(k._raw)
+    assert "\n" not in note and note.startswith(f"cuda kernels refused by the self-check, {ops[0]}: {why}")
+    had = k.resident.names()
     check.refuse(k, ref, r)
-    assert getattr(k, op) == getattr(ref, op) and k.check is r
-    # What only the refused kernel used is no longer held on the device.
+    assert all(getattr(k, op) == getattr(ref, op) for op in ops) and k.check is r
+    # What only the refused kernels used is no longer held on the device: the expert tensors
+    # when experts is refused, the dense matrices when every dense product is.
     assert any("_exps." in n for n in had) and any("_exps." not in n for n in had)
-    kept = {"experts": {n for n in had if "_exps." not in n}, "linear": {n for n in had if "_exps." in n}}.get(op, had)
-    assert set(k._raw) == kept
+    kept = {n for n in had if not (("_exps." in n and "experts" in ops) or ("_exps." not in n and set(DENSE) <= set(ops)))}
+    assert k.resident.names() == kept
 
 
 def test_a_launch_error_is_refused(weights) -> None:
@@ -185,12 +203,12 @@ def test_all_refused_is_the_reference_bit_for_bit(demo_path, monkeypatch) -> Non
     """Every GPU operation broken: each refused, and the logits are the reference path's, bit
     for bit (FP8 cache simulation on)."""
     monkeypatch.setattr(gpu, "GpuKernels", HarnessGpu)
-    for bug in ("compile", "row-offset", "visible-rows"):
+    for bug in ("compile", "nan", "hc-post", "visible-rows"):
         _plant(monkeypatch, bug)
     with _engine(demo_path, "reference", qat_sim=True) as ref:
         want, want_toks = _run(ref)
     with _engine(demo_path, "cuda", qat_sim=True) as e:
-        assert set(e.info.kernel_check.refused) == {"experts", "linear", "attend"}
+        assert set(e.info.kernel_check.refused) == {"experts", "attend", *DENSE}
         assert e.info.kernel_note.count("refused") == 1 and e.info.kernel_note.endswith("the MLX reference path runs them")
         got, toks = _run(e)
     assert toks == want_toks and np.array_equal(got, want)
@@ -258,15 +276,14 @@ def test_the_probes_launch_every_instantiation_the_engine_can(request, model: st
     probes' launches cover the compile tests' enumeration (gpu_harness.launches_of), Metal's
     constant/device variants included. On the Flash layout nothing runs (launches recorded)."""
     import mlx.core as mx
-    from gpu_harness import launches_of, recording_make
+    from gpu_harness import Recording, launches_of
     from mlx_sources import instance_key
 
     path = request.getfixturevalue(model)
     calls: list = []
     with Engine.open(path, backend="cpu", kernels="reference") as e:
-        k = gpu.GpuKernels(e._model.w, "metal", make=recording_make(calls))
-        k._bytes = lambda name: mx.zeros((64,), dtype=mx.uint8)
-        for op in ("linear", "experts", "attend"):
+        k = Recording(e._model.w, "metal", calls)
+        for op in ("linear", "linears", "grouped", "experts", "attend", "hc_pre"):
             for _, args in check._probe_cases(e._model.w)[op]:
                 getattr(k, op)(*check._in(mx, op, args))
     assert {instance_key(c) for c in calls} == {instance_key(c) for c in launches_of(path, "metal")}

@@ -7,7 +7,7 @@ so it must hold the real model (81 GiB) in 128 GiB: the dense weights are materi
 mmap and only the selected experts' rows are dequantised, expert by expert
 (bench/reference_memory.py measures the peak on real-dimension layers). Checked here on the
 demo model for every path a session takes: the reference kernels, the GPU kernels' own
-fallbacks (products of more than DECODE_MAX_T tokens), GPU kernels whose expert kernel the
+kernels (which dequantise nothing, at any number of tokens), GPU kernels whose expert kernel the
 self-check refused, and the CPU kernels.
 """
 
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from gpu_harness import harness_make
 from test_kernel_check import BUGS, HarnessGpu, _engine, _plant
 
 from ds4agent.engine import Engine, SamplingParams
@@ -85,7 +84,7 @@ class Spy:
 def _session(e: Engine) -> None:
     s = e.session()
     ids = np.random.default_rng(2).integers(1000, 120000, 30).tolist()
-    s.sync(ids)  # 30 tokens: more than DECODE_MAX_T
+    s.sync(ids)  # 30 tokens: a prefill chunk
     s.sync(ids + [5, 6, 7])  # a 3-token product
     list(s.generate(SamplingParams(temperature=0), max_tokens=3, stop_at_eos=False))  # one token each
 
@@ -99,18 +98,42 @@ def test_reference_path(demo_path, monkeypatch) -> None:
         assert e._model.w.materialised_bytes() < 64 * 2**20
 
 
-def test_gpu_kernels_and_their_fallbacks(demo_path, monkeypatch) -> None:
-    """GpuKernels: up to DECODE_MAX_T tokens in the kernels (the experts' packed bytes go to the
-    device as they are, dequantised only in registers), more on the reference, per expert."""
+@pytest.mark.parametrize("kernels", ["gpu-host", "kquant"])
+def test_gpu_kernels_dequantise_nothing(demo_path, monkeypatch, kernels: str) -> None:
+    """The GPU kernel sets at every size a session uses (a 30-token prefill, a 3-token suffix,
+    decode): no dequantisation at all, no dense copy of an expert tensor or the embedding, no
+    Q8_0 matrix repacked beside the raw bytes; only small tensors through Weights.get."""
+    if kernels == "kquant":
+        pytest.importorskip("mlx_kquant", reason="mlx-kquant is not installed (README, 'Kernels')")
     spy = Spy(monkeypatch)
+    with Engine.open(demo_path, backend="cpu", ctx=256, kernels=kernels) as e:
+        spy.calls.clear()
+        spy.dequantised.clear()
+        spy.got.clear()  # the self-check's reference side at open
+        spy.watch(e._model.k)
+        _session(e)
+        assert spy.dequantised == [] and {T for _, _, T in spy.calls} >= {1, 3, 30}
+        assert all(not dq for _, dq, _ in spy.calls)
+        f = e._file
+        assert not [n for n in spy.got if "_exps." in n or n == "token_embd.weight"]
+        assert not [n for n in spy.got if f.tensors[n].type_name == "Q8_0"]  # no QMatrix beside the raw bytes
+
+
+def test_gpu_kernels_hold_the_raw_bytes_once(demo_path) -> None:
+    """On the device the GPU kernels hold each tensor they read as its packed bytes, exactly
+    its size in the file, one copy for decode and prefill alike."""
+    from gpu_harness import harness_make
+
     with Engine.open(demo_path, backend="cpu", ctx=256, kernels="reference") as e:
         k = e._model.k = gpu.GpuKernels(e._model.w, "cuda", make=harness_make("cuda"))
-        spy.watch(k)
         _session(e)
-        spy.check(e._file, e.info.config, gpu.DECODE_MAX_T)
-        assert any(not dq for sel, dq, T in spy.calls if T <= gpu.DECODE_MAX_T)  # the kernels ran
-        raw = {n: a for n, a in k._raw.items() if "_exps." in n}
-        assert raw and all(str(a.dtype) == "mlx.core.uint8" and a.size == e._file.tensors[n].nbytes for n, a in raw.items())
+        names = k.resident.names()
+        assert any("_exps." in n for n in names) and "output.weight" in names and "token_embd.weight" not in names
+        for n in names:
+            a = k.resident.get(n)
+            assert str(a.dtype) == "mlx.core.uint8" and a.size == e._file.tensors[n].nbytes
+        assert k.resident.nbytes() == sum(e._file.tensors[n].nbytes for n in names)
+        assert e._model.w.materialised_bytes() < 2**20  # norms, scales, sinks: nothing else
 
 
 def test_refused_expert_kernel_holds_nothing_of_the_experts(demo_path, monkeypatch) -> None:
@@ -118,7 +141,7 @@ def test_refused_expert_kernel_holds_nothing_of_the_experts(demo_path, monkeypat
     the reference, per selected expert, and no expert tensor is held on the device."""
     monkeypatch.setattr(gpu, "GpuKernels", HarnessGpu)
     _plant(monkeypatch, "wrong")
-    assert BUGS["wrong"][2] == "experts"
+    assert BUGS["wrong"][2] == ("experts",)
     spy = Spy(monkeypatch)
     with _engine(demo_path, "cuda") as e:
         k = e._model.k
@@ -128,7 +151,7 @@ def test_refused_expert_kernel_holds_nothing_of_the_experts(demo_path, monkeypat
         spy.watch(k)
         _session(e)
         spy.check(e._file, e.info.config, 0)
-        assert not [n for n in k._raw if "_exps." in n]
+        assert not [n for n in k.resident.names() if "_exps." in n]
 
 
 @pytest.mark.parametrize("kernels", ["cpu", "cpu-exact"])

@@ -39,7 +39,9 @@ class EngineInfo:
     kernels: str = "reference"  # the implementation of the heavy products (engine/kernels)
     kernel_note: str | None = None  # why the fast kernels (or some of their operations) were not used
     kernel_check: object = None  # kernels/check.CheckReport of the self-check at open, when it ran
-    devices: tuple[str, ...] = ()  # npu backend: one line per device (its layers and memory), said at open
+    # Said at open: on npu one line per device (its layers and memory); on metal and cuda what the
+    # GPU kernels will hold on the device against its limit (kernels/resident.py).
+    devices: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -116,6 +118,21 @@ def _info(f: GGUFFile, cfg: ModelConfig, backend: str, ctx: int, qat_sim: bool, 
                       devices)
 
 
+def _device_fit(f: GGUFFile, cfg: ModelConfig, backend: str, ctx: int, kernels: str | None) -> tuple[str, ...]:
+    """On metal and cuda with GPU kernels: the line saying what will be resident on the device
+    against its limit, or EngineError (one line) when the model cannot fit."""
+    from .. import settings
+    from .kernels import resident
+
+    if backend not in ("metal", "cuda") or (kernels or settings.kernels_choice()) not in ("auto", "metal", "cuda", "kquant"):
+        return ()
+    limit, buffer, what = resident.device_limits(backend)
+    try:
+        return (resident.check(resident.plan(f, cfg, ctx), limit, buffer, what, backend),)
+    except resident.DeviceMemoryError as e:
+        raise EngineError(f"{e}; --kernels reference keeps the routed experts in the file instead (much slower)") from None
+
+
 class Engine:
     def __init__(self, f: GGUFFile, cfg: ModelConfig, tok: Tokenizer, backend: str, ctx: int, qat_sim: bool,
                  is_flash: bool, kernels: str | None = None) -> None:
@@ -123,9 +140,10 @@ class Engine:
         self.tokenizer = tok
         self.ctx = ctx
         weights = Weights(f, cfg)
+        memory = _device_fit(f, cfg, backend, ctx, kernels)  # before anything is copied to the device
         impl, note = select_kernels(backend, weights, kernels)
         self._model = Model(weights, Options(qat_sim=qat_sim), impl)
-        self.info = _info(f, cfg, backend, ctx, qat_sim, is_flash, impl.name, note, getattr(impl, "check", None))
+        self.info = _info(f, cfg, backend, ctx, qat_sim, is_flash, impl.name, note, getattr(impl, "check", None), memory)
 
     _session_class = Session  # the npu backend's sessions bring its device tensors home to save
 

@@ -111,7 +111,8 @@ def _hc_weights(mix: mx.array, scale: mx.array, base: mx.array, hc: int, eps: fl
     return pre, post, M
 
 
-def _hc_flat(X: mx.array, eps: float) -> mx.array:
+def hc_flat(X: mx.array, eps: float) -> mx.array:
+    """The streams X (T, hc, E) side by side and RMS-normalised: the mixing projection's input."""
     T, hc, E = X.shape
     return rms_norm(X.reshape(T, hc * E), None, eps)
 
@@ -124,7 +125,7 @@ def _hc_mixed(X: mx.array, mix: mx.array, scale: mx.array, base: mx.array, hc: i
 def hc_pre(X: mx.array, project, scale: mx.array, base: mx.array, cfg: ModelConfig):
     """X (T, hc, E) -> sublayer input (T, E), post (T, hc), comb (T, hc, hc); ``project`` is
     the mixing matrix as a function of the normalised flat streams."""
-    mix = project(fused(_hc_flat, cfg.rms_eps)(X))  # (T, (2+hc)·hc)
+    mix = project(fused(hc_flat, cfg.rms_eps)(X))  # (T, (2+hc)·hc)
     return fused(_hc_mixed, cfg.hc_count, cfg.hc_eps, cfg.hc_sinkhorn_iters)(X, mix, scale, base)
 
 

@@ -397,6 +397,30 @@ class GGUFFile:
             *t.shape[:-1], t.row_bytes
         )
 
+    def release_pages(self, name: str) -> None:
+        """Tell the OS this process is done with one tensor's pages (a GPU holds its own copy
+        now): they leave this mapping and, on Linux, the page cache, so the weights are not
+        resident twice on a machine whose GPU shares the memory. Only advice: the data stays
+        readable (read again from the file if asked), and a system without these calls skips
+        them."""
+        t = self.tensors[name]
+        page = mmap.PAGESIZE
+        start = t.offset // page * page  # whole pages inside the tensor's span and its neighbours'
+        length = t.offset + t.nbytes - start
+        if length <= 0:
+            return
+        try:
+            if hasattr(self._mm, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
+                self._mm.madvise(mmap.MADV_DONTNEED, start, length)
+            if hasattr(os, "posix_fadvise"):
+                fd = os.open(self.path, os.O_RDONLY)
+                try:
+                    os.posix_fadvise(fd, start, length, os.POSIX_FADV_DONTNEED)
+                finally:
+                    os.close(fd)
+        except (OSError, ValueError):
+            pass
+
     def get(self, key: str, default: Any = None) -> Any:
         return self.metadata.get(key, default)
 

@@ -19,12 +19,14 @@ definitions); the model calls nothing else for its heavy work:
 Implementations: ``reference`` (MLX ops, any device); ``cpu`` (cpu.c: native SIMD + OpenMP,
 weights read in place from the mmap, activations rounded to 8 bits per block of 32 for
 integer dot products wherever the weight is quantised) and ``cpu-exact`` (the same with float32 activations throughout);
-``metal`` and ``cuda`` (custom MLX kernels, see gpu.py).
+``metal`` and ``cuda`` (our custom MLX kernels, gpu.py); ``kquant`` (mlx-kquant's kernels on the
+same raw GGUF bytes, kquant.py; Metal, or MLX's CPU stream); ``gpu-host`` (gpu.py's bodies
+compiled for the host, gpu_host.py: the GPU arithmetic on any machine, for tests and diagnosis).
 
-When the engine selects ``metal`` or ``cuda``, every operation those kernels implement first
-runs once on a slice of the real weights against the reference on the same device (check.py);
-one that fails to compile, launch or agree is refused and the reference runs it instead, with
-a one-line note. DS4_KERNEL_CHECK=0 skips the check.
+When the engine selects ``metal``, ``cuda``, ``kquant`` or ``gpu-host``, every operation those
+kernels implement first runs once on a slice of the real weights against the reference on the
+same device (check.py); one that fails to compile, launch or agree is refused and the reference
+runs it instead, with a one-line note. DS4_KERNEL_CHECK=0 skips the check.
 """
 
 from __future__ import annotations
@@ -33,17 +35,44 @@ from ... import settings
 from ..weights import Weights
 from .interface import Kernels
 
-CHOICES = ("auto", "reference", "cpu", "cpu-exact", "metal", "cuda")
+CHOICES = ("auto", "reference", "cpu", "cpu-exact", "metal", "cuda", "kquant", "gpu-host")
 
 
 class KernelError(ValueError):
     """Requested kernels that cannot run here; one line."""
 
 
+# The fast implementations auto weighs on each backend, best first; the Metal pair is decided by
+# the self-check's timing (check.choose). mlx-kquant is optional: auto passes over it in silence
+# when it is not installed.
+AUTO = {"cpu": ("cpu",), "metal": ("metal", "kquant"), "cuda": ("cuda",)}
+BACKEND_OF = {"cpu": ("cpu",), "cpu-exact": ("cpu",), "metal": ("metal",), "cuda": ("cuda",),
+              "kquant": ("metal", "cpu"), "gpu-host": ("cpu", "metal", "cuda")}
+
+
+def _build(which: str, weights: Weights) -> Kernels:
+    if which in ("cpu", "cpu-exact"):
+        from .cpu import CpuKernels
+
+        return CpuKernels(weights, exact=which == "cpu-exact")
+    if which == "gpu-host":
+        from .gpu_host import HostGpuKernels
+
+        return HostGpuKernels(weights)
+    if which == "kquant":
+        from .kquant import KquantKernels
+
+        return KquantKernels(weights)
+    from .gpu import GpuKernels
+
+    return GpuKernels(weights, which)
+
+
 def select(backend: str, weights: Weights, requested: str | None = None) -> tuple[Kernels, str | None]:
     """Kernels for ``backend`` (cpu/metal/cuda). ``requested`` (default: $DS4_KERNELS or auto)
-    names an implementation; auto takes the fast one for the backend and falls back to the
-    reference with a note (the second value) when it cannot be used."""
+    names an implementation; auto takes the fast one for the backend (on Metal, of ours and
+    mlx-kquant's, the one the self-check finds correct and faster) and falls back to the
+    reference with a note (the second value) when none can be used."""
     from .reference import ReferenceKernels
 
     requested = requested or settings.kernels_choice()
@@ -51,23 +80,25 @@ def select(backend: str, weights: Weights, requested: str | None = None) -> tupl
         raise KernelError(f"unknown kernels {requested!r} (choose from {', '.join(CHOICES)})")
     if requested == "reference":
         return ReferenceKernels(weights), None
-    want = backend if requested == "auto" else requested.removesuffix("-exact")
-    if want != backend:
-        raise KernelError(f"{want} kernels need the {want} backend (the engine runs on {backend})")
-    try:
-        if want == "cpu":
-            from .cpu import CpuKernels
+    if requested != "auto" and backend not in BACKEND_OF[requested]:
+        need = " or ".join(BACKEND_OF[requested])
+        raise KernelError(f"{requested} kernels need the {need} backend (the engine runs on {backend})")
+    built, notes = [], []
+    for which in AUTO[backend] if requested == "auto" else (requested,):
+        try:
+            built.append(_build(which, weights))
+        except ImportError as e:
+            if requested != "auto":
+                raise KernelError(f"{which} kernels unavailable: {e} (see README, 'Kernels')") from None
+        except Exception as e:  # a compiler, a GPU library or a format the kernels do not cover
+            if requested != "auto":
+                raise KernelError(f"{which} kernels unavailable: {e}") from None
+            notes.append(f"{which} kernels unavailable ({e})")
+    if not built:
+        return ReferenceKernels(weights), "; ".join(notes) + "; using the MLX reference path"
+    if built[0].name in ("cpu", "cpu-exact") or not settings.kernel_check_enabled():
+        return built[0], "; ".join(notes) or None
+    from .check import choose
 
-            return CpuKernels(weights, exact=requested == "cpu-exact"), None
-        from .gpu import GpuKernels
-
-        kernels = GpuKernels(weights, want)
-    except Exception as e:  # a compiler, a GPU library or a format the kernels do not cover
-        if requested != "auto":
-            raise KernelError(f"{want} kernels unavailable: {e}") from None
-        return ReferenceKernels(weights), f"{want} kernels unavailable ({e}); using the MLX reference path"
-    if not settings.kernel_check_enabled():
-        return kernels, None
-    from .check import checked
-
-    return checked(kernels, weights)
+    chosen, note = choose(built, weights)
+    return chosen, "; ".join([*notes, *([note] if note else [])]) or None

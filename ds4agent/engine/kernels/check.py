@@ -138,8 +138,15 @@ def _probe_cases(w: Weights, seed: int = 0) -> dict[str, list[tuple[str, tuple]]
         names.sort(key=lambda nm: (f.tensors[nm].shape[0], nm))
         small, out = names[0], f.tensors[names[0]].shape[0]
         label = f"{f.tensors[small].type_name} x{n} {small}"
+        # 1, 2, 3 and 37 tokens: tiles of 1, 2, 4 and 8 (a partial last one); a row range and a
+        # column range (whole blocks) of the matrix as expert splits ask for them.
+        block = 256 if n % 256 == 0 else 32
         cases["linear"].append((f"{label} T=1", (normal(1, n), small, None)))
         cases["linear"].append((f"{label} T=2 rows {out // 4}..{out}", (normal(2, n), small, (out // 4, out))))
+        if n > block:
+            c0, c1 = block, n - block if n > 2 * block else n
+            cases["linear"].append((f"{label} T=3 columns {c0}..{c1}", (normal(3, c1 - c0), small, None, (c0, c1))))
+        cases["linear"].append((f"{label} T=37", (normal(37, n), small, None)))
         if len(names) > 1:
             cases["linears"].append((f"{label} + {names[1]} T=3", (normal(3, n), tuple(names[:2]))))
     name = "blk.0.attn_output_a.weight"
@@ -159,14 +166,16 @@ def _probe_cases(w: Weights, seed: int = 0) -> dict[str, list[tuple[str, tuple]]
         rest = np.setdiff1d(np.arange(cfg.n_expert), first)
         second = np.concatenate([first[: k // 2], rng.choice(rest, k - k // 2, replace=False)])
         clamp = float(cfg.swiglu_clamp[layer])
-        # One token, and enough that the slot arrays have 8 elements or more (Metal gets smaller
-        # inputs in constant memory: a different kernel source).
+        # One token; several with distinct choices; and 2, 3 and 9 tokens that all choose the
+        # same experts: tiles of 2, 4 and 8 of an expert's tokens (at 9, a full and a partial).
         many = max(2, -(-8 // k))
         more = np.stack([first, rng.permutation(second)] + [rng.choice(cfg.n_expert, k, replace=False)
                                                               for _ in range(many - 2)])
-        for T, sel in ((1, first[None]), (many, more)):
+        batches = [("", first[None]), ("", more)] + [(" same experts", np.repeat(second[None], T, axis=0)) for T in (2, 3, 9)]
+        for what, sel in batches:
+            T = len(sel)
             route = rng.uniform(0.1, 1.0, (T, k)).astype(np.float32)
-            cases["experts"].append((f"layer {layer} {'/'.join(mix)} T={T}",
+            cases["experts"].append((f"layer {layer} {'/'.join(mix)} T={T}{what}",
                                      (layer, normal(T, cfg.n_embd), sel.astype(np.int64), route, clamp)))
     # Attention over K = V rows with the layer's real sinks; few and many visible rows.
     H, D = cfg.n_head, cfg.head_dim
@@ -267,3 +276,69 @@ def checked(candidate, weights: Weights) -> tuple[object, str | None]:
     report = self_check(candidate, reference, weights)
     refuse(candidate, reference, report)
     return candidate, report.note
+
+
+def _timing_cases(w: Weights, seed: int = 1) -> list[tuple[str, tuple]]:
+    """(op, args) of what dominates a token, at decode and prefill sizes: the widest dense
+    matrix of layer 0 at 1 and 64 tokens, layer 0's routed experts at 1 and 64 tokens."""
+    cfg, f = w.cfg, w.file
+    rng = np.random.default_rng(seed)
+    dense = max((n for n, t in f.tensors.items() if n.startswith("blk.0.") and len(t.shape) == 2
+                 and n.endswith(".weight") and "_exps." not in n and "tid2eid" not in n and "_ape." not in n),
+                key=lambda n: f.tensors[n].nbytes)
+    n = f.tensors[dense].shape[1]
+    cases = []
+    for T in (1, 64):
+        x = rng.standard_normal((T, n)).astype(np.float32)
+        cases.append(("linear", (x, dense, None)))
+        sel = np.stack([rng.choice(cfg.n_expert, cfg.n_expert_used, replace=False) for _ in range(T)])
+        route = rng.uniform(0.1, 1.0, sel.shape).astype(np.float32)
+        cases.append(("experts", (0, rng.standard_normal((T, cfg.n_embd)).astype(np.float32), sel, route,
+                                  float(cfg.swiglu_clamp[0]))))
+    return cases
+
+
+def timing(candidate, weights: Weights, repeat: int = 2) -> float:
+    """Seconds ``candidate`` takes for the timing cases, the best of ``repeat`` runs after a
+    first one (which compiles what it uses)."""
+    total = 0.0
+    for op, args in _timing_cases(weights):
+        args = _in(candidate.xp, op, args)
+        _as_np(getattr(candidate, op)(*args))
+        best = float("inf")
+        for _ in range(repeat):
+            t = time.perf_counter()
+            _as_np(getattr(candidate, op)(*args))
+            best = min(best, time.perf_counter() - t)
+        total += best
+    return total
+
+
+def choose(candidates: list, weights: Weights) -> tuple[object, str | None]:
+    """The one of ``candidates`` (kernel sets for the same device) to use: each is self-checked
+    (refused operations go to the reference); of those with the fewest refusals, the fastest on
+    the timing cases. The line returned says which, and why, when there was a choice, and what
+    the chosen set's check refused."""
+    from .reference import ReferenceKernels
+
+    reference = ReferenceKernels(weights)
+    checked_ = []
+    for c in candidates:
+        report = self_check(c, reference, weights)
+        refuse(c, reference, report)
+        checked_.append(c)
+    if len(checked_) == 1:
+        return checked_[0], checked_[0].check.note
+    fewest = min(len(c.check.refused) for c in checked_)
+    timed = [(timing(c, weights), c) for c in checked_ if len(c.check.refused) == fewest]
+    seconds, best = min(timed, key=lambda tc: tc[0])
+    for c in checked_:
+        if c is not best and hasattr(c, "release"):
+            c.release(set(operations()))  # its device copies are not needed
+    others = ", ".join(f"{c.name} {t * 1e3:.1f} ms" for t, c in timed if c is not best)
+    unchecked = [c.name for c in checked_ if len(c.check.refused) > fewest]
+    why = f"{best.name} kernels chosen by the self-check (timing cases {seconds * 1e3:.1f} ms"
+    why += f"; {others})" if others else ")"
+    if unchecked:
+        why += f"; {', '.join(unchecked)} had more operations refused"
+    return best, "; ".join(filter(None, [why, best.check.note]))
