@@ -1,16 +1,22 @@
 #!/usr/bin/env bash
-# The GPU kernels on real hardware in one short run: the launch tests (tests/test_gpu_launch.py:
-# each kernel launched through MLX against the reference on the same device, at demo and Flash
-# dimensions, and a whole model), the kernel-body tests, the engine's kernel self-check
-# (`ds4 inspect --kernels cuda`), then `ds4 bench` on the demo model with
-# the GPU kernels and with the reference, side by side. A few minutes; not part of CI.
+# The GPU path on an NVIDIA machine in one short run (about 8 minutes on an H200; not part of CI):
+#   1. the launch tests (tests/test_gpu_launch.py: every kernel launched through MLX against the
+#      reference on the same device, at demo and Flash dimensions, and the whole model prefilled
+#      in chunks of 1, 64 and 256 tokens) and the kernel-body tests;
+#   2. the engine's self-check at open (`ds4 inspect --kernels cuda`), which must refuse nothing;
+#   3. bench/gpu_device.py on a 2-layer shape model (real Flash dimensions): prefill of 2048 and
+#      16384 tokens and decode with the cuda kernels, the reference beside them at 2048 (logits
+#      compared), the CPU kernels on this machine's cores at 2048 (the "10x the CPU path" goal),
+#      MLX's active and peak memory against the plan said at open;
+#   4. bench/gpu_model.py's H200 numbers for the same model, to set beside what was measured.
+# Results go to $OUT (logs, JSON); README's "What was verified where" records them.
 #
 #   bench/gpu_check.sh --fetch [DIR]   here, where PyPI is reachable: the wheels an NVIDIA machine
 #                                      without network needs (CPython 3.12, CUDA 13) into DIR
 #                                      (default .whl), the largest split into parts of 48 MiB
 #                                      under DIR/1 and DIR/2 so that each half fits one transfer
 #   bench/gpu_check.sh [DIR]           there: install DIR's wheels (parts joined) into a scratch
-#                                      folder, then the tests and the bench; logs under $OUT if set
+#                                      folder, then the steps above; logs under $OUT if set
 #
 # The machine this was written for (a lent H200) already has torch's CUDA 13 libraries, numpy,
 # tokenizers, rich, pytest and hypothesis; MLX and the rest come as wheels.
@@ -47,20 +53,32 @@ for first in /tmp/ds4-wheels/*.whl.part00; do
 done
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/ds4-site /tmp/ds4-wheels/*.whl || exit 1
 export PYTHONPATH="$PWD:/tmp/ds4-site${PYTHONPATH:+:$PYTHONPATH}" DS4_HOME=/tmp/ds4-home PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-python3 -c "import mlx.core as mx; print('mlx', mx.__version__, 'cuda', mx.cuda.is_available())" || exit 1
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/device.txt"
+python3 -c "import mlx.core as mx; print('mlx', mx.__version__, 'cuda', mx.cuda.is_available(), mx.device_info(mx.gpu))" \
+    | tee -a "$out/device.txt" || exit 1
 
 rc=0
-python3 -m pytest -q -p no:cacheprovider tests/test_gpu_launch.py tests/test_gpu_kernels.py 2>&1 | tee "$out/tests.log"
+step() { echo "== $*"; }
+step "1. launch and kernel-body tests"
+timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_launch.py tests/test_gpu_kernels.py 2>&1 \
+    | tee "$out/tests.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
-model=/tmp/ds4-home/demo.gguf
-python3 -m ds4agent demo --out "$model" >/dev/null || exit 1
-# The self-check the engine runs at open: each kernel against the reference on this GPU.
-python3 -m ds4agent inspect "$model" --kernels cuda --backend cuda 2>&1 | sed -n '/^kernels/,$p' | tee "$out/kernel-check.txt"
+
+step "2. the self-check at open"
+demo=/tmp/ds4-home/demo.gguf
+python3 -m ds4agent demo --out "$demo" >/dev/null || exit 1
+python3 -m ds4agent inspect "$demo" --kernels cuda --backend cuda 2>&1 | sed -n '/^kernels/,$p' | tee "$out/kernel-check.txt"
 grep -q "nothing refused" "$out/kernel-check.txt" || rc=1
-for k in cuda reference; do
-    python3 -m ds4agent bench -m "$model" --backend cuda --kernels "$k" --ctx-start 256 --ctx-max 1024 \
-        --step-incr 256 --gen-tokens 64 --csv "$out/bench-$k.csv" 2>&1 | tail -3
-    [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
-done
+
+step "3. speed, logits and memory on a 2-layer shape model"
+shape=/tmp/ds4-home/shape2.gguf
+python3 -m ds4agent demo --preset shape --layers 2 --out "$shape" >/dev/null || exit 1
+timeout 240 python3 bench/gpu_device.py "$shape" --backend cuda --kernels cuda,reference --prompts 2048,16384 \
+    --gen 32 --json "$out/device-cuda.json" 2>&1 | tee "$out/device-cuda.txt"
+[ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+timeout 120 python3 bench/gpu_device.py "$shape" --backend cpu --kernels cpu --prompts 2048 --gen 16 \
+    --json "$out/device-cpu.json" 2>&1 | tee "$out/device-cpu.txt"
+
+step "4. the paper model for this model and device"
+timeout 240 python3 bench/gpu_model.py "$shape" --device h200 --ctx 2048,16384 --chunk 1024 2>&1 | tee "$out/model.txt"
 exit "$rc"

@@ -34,7 +34,7 @@ def models_dir() -> Path:
 
 
 def kernels_dir() -> Path:
-    """Where the compiled CPU kernels are cached."""
+    """Where the compiled CPU kernels (and the host builds of the GPU kernels) are cached."""
     return ds4_home() / "kernels"
 
 

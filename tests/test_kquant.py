@@ -39,11 +39,16 @@ PROMPT = np.random.default_rng(5).integers(1000, 120000, 150).tolist()
 CONT = np.random.default_rng(105).integers(1000, 120000, 12).tolist()
 
 
-@pytest.fixture(scope="module")
-def engines(demo_path):
-    with Engine.open(demo_path, backend="cpu", kernels="kquant", qat_sim=False) as ours, \
-            Engine.open(demo_path, backend="cpu", kernels="reference", qat_sim=False) as ref:
-        assert ours.info.kernels == "kquant" and ours.info.kernel_check.refused == {}
+# On a Mac (bench/mac_check.sh) the same tests run on Metal too, where mlx-kquant's Metal-only
+# operations (the fused decode experts, the segment GEMM, the KV and indexer rounding) are live.
+BACKENDS = ["cpu"] + (["metal"] if mx.metal.is_available() else [])
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def engines(demo_path, request):
+    with Engine.open(demo_path, backend=request.param, kernels="kquant", qat_sim=False) as ours, \
+            Engine.open(demo_path, backend=request.param, kernels="reference", qat_sim=False) as ref:
+        assert ours.info.kernels == "kquant" and ours.info.kernel_check.refused == {}, ours.info.kernel_note
         yield ours, ref
 
 

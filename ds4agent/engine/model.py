@@ -101,6 +101,34 @@ def compressor_step(fr: Frontier, ratio: int, n0: int, kv: mx.array, score: mx.a
     return pooled, new, n0 - pending
 
 
+def _router_scores(logits: mx.array) -> mx.array:
+    """sqrt(softplus(logits)), ds4's piecewise form; exp of at most 20 (never overflows in numpy)."""
+    xp = of(logits)
+    ex = xp.exp(xp.minimum(logits, 20.0))
+    return xp.sqrt(xp.where(logits > 20, logits, xp.where(logits < -20, ex, xp.log1p(ex))))
+
+
+def _route_weights(prob: mx.array, sel: mx.array, normalise: bool, scale: float) -> mx.array:
+    """The chosen experts' weights: their unbiased scores, normalised to sum 1 (floored), scaled."""
+    xp = of(prob)
+    chosen = xp.take_along_axis(prob, sel, axis=1)
+    if normalise:
+        chosen = chosen / xp.maximum(xp.sum(chosen, axis=1, keepdims=True), ROUTE_WEIGHT_FLOOR)
+    return chosen * scale
+
+
+def _index_queries(qi: mx.array, cos: mx.array, sin: mx.array, n_rot: int) -> mx.array:
+    """Indexer queries (T, Hi, Di): each head rotated at its token's position."""
+    xp = of(qi)
+    return xp.swapaxes(Rope.apply(xp.swapaxes(qi, 0, 1), cos, sin, n_rot), 0, 1)
+
+
+def _index_scores(dots: mx.array, wi: mx.array, scale: float) -> mx.array:
+    """Per compressed row, the heads' relu'd dot products weighted by the token's head weights."""
+    xp = of(dots)
+    return xp.sum(xp.maximum(dots, 0.0) * (wi * scale)[:, :, None], axis=1)
+
+
 # -- the model ----------------------------------------------------------------------------------
 
 class Model:
@@ -273,7 +301,7 @@ class Model:
         rows, st.idx_frontier, start = self._compress(i, pa, p0, st.idx_frontier, 4, "indexer_compressor")
         if rows.shape[0]:
             c, s = self.rope.tables(start + 4 * np.arange(rows.shape[0]), True, xp)
-            rows = Rope.apply(rows, c, s, R)
+            rows = fused(Rope.apply, R)(rows, c, s)
             if self.opt.qat_sim:
                 rows = qat.f16_round(self.k.indexer_round(rows))
             st.idx_comp = xp.concatenate([st.idx_comp, rows], axis=0)
@@ -284,12 +312,11 @@ class Model:
         cos, sin = table
         T = qi.shape[0]
         qi = qi.reshape(T, Hi, Di)
-        qi = xp.swapaxes(Rope.apply(xp.swapaxes(qi, 0, 1), cos, sin, R), 0, 1)  # (T, Hi, Di)
+        qi = fused(_index_queries, R)(qi, cos, sin)  # (T, Hi, Di)
         if self.opt.qat_sim:
             qi = self.k.indexer_round(qi)
-        wi = pa["indexer.proj"] * (1.0 / math.sqrt(Di * Hi))  # (T, Hi)
-        dots = xp.maximum(self.k.matmul(qi, st.idx_comp.T), 0.0)  # (T, Hi, C): relu before weighting
-        scores = np.array(to(NP, xp.sum(dots * wi[:, :, None], axis=1)))  # (T, C)
+        dots = self.k.matmul(qi, st.idx_comp.T)  # (T, Hi, C); relu before weighting
+        scores = np.array(to(NP, fused(_index_scores, 1.0 / math.sqrt(Di * Hi))(dots, pa["indexer.proj"])))  # (T, C)
         C = scores.shape[1]
         cols = np.arange(C)
         scores = np.where(cols[None, :] < n_vis[:, None], scores, -np.inf)
@@ -312,19 +339,15 @@ class Model:
             c0, c1 = part.shared
             g, u = (self.k.linear(f, p + n, (c0, c1)) if c1 > c0 else None
                     for n in ("ffn_gate_shexp.weight", "ffn_up_shexp.weight"))
-        # sqrt(softplus), ds4's piecewise form; exp of at most 20 (never overflows in numpy).
-        ex = xp.exp(xp.minimum(logits, 20.0))
-        prob = xp.sqrt(xp.where(logits > 20, logits, xp.where(logits < -20, ex, xp.log1p(ex))))
+        prob = fused(_router_scores)(logits)
         k = cfg.n_expert_used
         if cfg.is_hash_layer(i):
             sel = self.w.hash_experts(i, ids)  # experts of the token being processed
         else:
             biased = prob + w(p + "exp_probs_b.bias") if self.w.has(p + "exp_probs_b.bias") else prob
             sel = np.argsort(-np.array(biased), axis=1, kind="stable")[:, :k]  # ties -> lower index
-        chosen = xp.take_along_axis(prob, xp.array(sel.astype(np.int32)), axis=1)  # unbiased scores weight the experts
-        if cfg.expert_weights_norm:
-            chosen = chosen / xp.maximum(xp.sum(chosen, axis=1, keepdims=True), ROUTE_WEIGHT_FLOOR)
-        weights = chosen * cfg.expert_weights_scale  # (T, k)
+        weights = fused(_route_weights, cfg.expert_weights_norm, cfg.expert_weights_scale)(
+            prob, xp.array(sel.astype(np.int32)))  # (T, k)
 
         clamp = cfg.swiglu_clamp[i]
         if part is None:

@@ -74,6 +74,10 @@ class Checkpoint:
 
 
 class Session:
+    # Tokens evaluated per forward pass of a prefill (each commits on its own). 256 suits the
+    # CPU kernels, which are compute-bound; kernels may ask for another (``prefill_chunk`` on
+    # the kernel object): on a GPU a chunk reads nearly every routed expert once, whatever its
+    # size, so larger chunks spread that read over more tokens (bench/gpu_model.py).
     prefill_chunk = 256
 
     def __init__(self, model: "Model", tokenizer: "Tokenizer", info: "EngineInfo", ctx: int) -> None:
@@ -86,6 +90,7 @@ class Session:
         self.tokenizer = tokenizer
         self.info = info
         self._ctx = ctx
+        self.prefill_chunk = getattr(getattr(model, "k", None), "prefill_chunk", Session.prefill_chunk)
         self.last_prefill = PrefillStats()
         self.reset()
 

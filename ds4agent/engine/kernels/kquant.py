@@ -46,6 +46,7 @@ ACT = mx.bfloat16
 
 
 class KquantKernels(ReferenceKernels):
+    prefill_chunk = 1024  # as GpuKernels: a chunk reads nearly every expert once
     # Relative (L2) error the self-check allows, from the demo model's measured errors
     # (tests/test_kquant.py): bfloat16 activations give 2-3e-3 per dense product and up to
     # about 1e-2 through the routed FFN's three products; twice that, to hold on other weights.

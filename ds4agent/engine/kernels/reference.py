@@ -125,8 +125,9 @@ class ReferenceKernels:
         return fused(qat.kv_round, n_rot)(rows)
 
     def indexer_round(self, rows: mx.array) -> mx.array:
-        """The indexer's rounding of keys and queries: Hadamard rotation, then FP4."""
-        return qat.indexer_round(rows)
+        """The indexer's rounding of keys and queries: Hadamard rotation, then FP4 (one
+        compiled graph)."""
+        return fused(qat.indexer_round)(rows)
 
     def matmul(self, a: mx.array, b: mx.array) -> mx.array:
         """A dense product of activations (a @ b), e.g. indexer queries against its rows."""
