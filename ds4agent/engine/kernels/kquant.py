@@ -50,7 +50,8 @@ class KquantKernels(ReferenceKernels):
     # Relative (L2) error the self-check allows, from the demo model's measured errors
     # (tests/test_kquant.py): bfloat16 activations give 2-3e-3 per dense product and up to
     # about 1e-2 through the routed FFN's three products; twice that, to hold on other weights.
-    check_tolerance = {"linear": 1e-2, "linears": 1e-2, "grouped": 1e-2, "hc_pre": 1e-2, "experts": 2e-2}
+    # (linears, grouped and hc_pre are the reference's, through this linear: not checked apart.)
+    check_tolerance = {"linear": 1e-2, "experts": 2e-2}
 
     def __init__(self, weights: Weights) -> None:
         import mlx_kquant  # ImportError when not installed: auto passes over these kernels
@@ -116,7 +117,7 @@ class KquantKernels(ReferenceKernels):
 
     def _experts_decode(self, x, sel, route, gate, up, down, gu_codec, d_codec, clamp):
         """Metal, few tokens: the fused gate/up/SwiGLU gather, then the down gather."""
-        ids = mx.array(sel.astype(np.int32))
+        ids = mx.array(sel.astype(np.uint32))  # as gather_qmm's indices (its docstring gives no dtype here)
         mid = self.kq.moe_glu_gather_kq(x.astype(ACT), gate, up, gu_codec, ids, act="silu_limit", limit=float(clamp))
         y = self.kq.gather_qmv_kq(mid, down, d_codec, ids).astype(mx.float32)  # (T, K, E)
         return mx.sum(y * route, axis=1)
