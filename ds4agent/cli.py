@@ -572,12 +572,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
         ids = ids + ids
     points = benchmark.frontiers(args.ctx_start, args.ctx_max, args.step_incr, args.step_mul)
     per_token = benchmark.bytes_per_token(engine)
+    probe = benchmark.read_probe(engine)
+    if probe:
+        print(f"ds4: read bandwidth here: {probe / 1e9:.1f} GB/s (every core reading the model's mapping)",
+              file=sys.stderr, flush=True)
+
+    def share(gen_tps: float) -> str:
+        return f" ({100 * per_token * gen_tps / probe:.0f}% of the read bandwidth)" if probe else ""
 
     tty = sys.stderr.isatty()
 
     def progress(done: int, total: int, row) -> None:
         line = (f"bench {done}/{total} [{'#' * (20 * done // total):<20}] ctx {row.ctx}: "
-                f"prefill {row.prefill_tps:.1f} t/s, generation {row.gen_tps:.1f} t/s")
+                f"prefill {row.prefill_tps:.1f} t/s, generation {row.gen_tps:.1f} t/s{share(row.gen_tps)}")
         if tty:
             print(f"\r{line}\x1b[K", end="" if done < total else "\n", file=sys.stderr, flush=True)
         else:
@@ -591,7 +598,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         benchmark.write_csv(rows, sys.stdout)
     gen = sum(r.gen_tps for r in rows) / len(rows)
     print(f"ds4: {per_token / 1e9:.3f} GB of weights read per decoded token; at {gen:.2f} t/s that is "
-          f"{per_token * gen / 1e9:.2f} GB/s", file=sys.stderr)
+          f"{per_token * gen / 1e9:.2f} GB/s{share(gen)}", file=sys.stderr)
     if args.plot:
         benchmark.plot(rows, args.plot, f"{engine.info.name} ({engine.info.backend}, {engine.info.kernels} kernels)")
     return 0

@@ -28,6 +28,31 @@ def test_bench_csv(demo_path, tmp_path) -> None:
         assert int(x[3]) == 3 and float(x[2]) > 0 and float(x[4]) > 0
         assert int(x[5]) == payload_size(cfg, int(x[0]))  # the snapshot before each timed generation
     assert "GB of weights read per decoded token" in r.stderr and "GB/s" in r.stderr
+    # the read probe first, and every line's share of it (the CPU backend)
+    assert r.stderr.startswith("ds4: read bandwidth here: ") or "\nds4: read bandwidth here: " in r.stderr
+    assert r.stderr.count("% of the read bandwidth)") == 4  # three frontiers and the summary
     bad = subprocess.run([sys.executable, "-m", "ds4agent", "bench", "--ctx-start", "100", "--ctx-max", "50"],
                          env=env, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--ctx-start" in bad.stderr
+
+
+def test_read_probe_reads_every_byte() -> None:
+    """The probe's fold is the xor of every 8-byte word of the buffer, on every core's share
+    (a share or a tail left unread changes it), and its bandwidth is a positive number."""
+    import numpy as np
+    import pytest
+
+    from ds4agent.engine.kernels import cpu
+
+    try:
+        lib = cpu.library()
+    except Exception as e:  # no C compiler: the CPU kernels' own tests say so too
+        pytest.skip(f"no CPU kernels here: {e}")
+    rng = np.random.default_rng(0)
+    for n in (128, 4096 + 128, (1 << 20) + 384):
+        buf = rng.integers(0, 256, n, dtype=np.uint8)
+        want = int(np.bitwise_xor.reduce(buf.view(np.uint64)))
+        assert lib.ds4_read(buf.ctypes.data, n) == want
+        buf[-1] ^= 1  # the last byte counts
+        assert lib.ds4_read(buf.ctypes.data, n) != want
+    assert cpu.read_bandwidth(np.ones(1 << 22, np.uint8)) > 1e8

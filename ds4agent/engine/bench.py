@@ -3,7 +3,9 @@
 For each frontier: prefill only the new interval (timed), snapshot (not timed), greedy decode of
 exactly ``gen_tokens`` with the end-of-sentence token excluded (timed), restore the snapshot,
 continue. Also reports the bytes of weights one decoded token reads and the bandwidth that
-implies, which is what bounds decoding a mixture of experts.
+implies, which is what bounds decoding a mixture of experts, against the machine's read
+bandwidth (``read_probe``: every core reading the model's own mapping, measured first) on the
+CPU backend.
 """
 
 from __future__ import annotations
@@ -57,6 +59,22 @@ def bytes_per_token(engine: Engine) -> int:
         else:
             total += t.nbytes
     return total
+
+
+def read_probe(engine: Engine) -> float | None:
+    """Bytes per second at which every core reads the model's mapping (its largest tensor, up
+    to 1 GiB, paged in first; cpu.read_bandwidth), on the CPU backend: what decoding can reach
+    at best there. None on a GPU backend, or without the CPU kernels' library."""
+    if engine.info.backend != "cpu":
+        return None
+    try:
+        from .kernels import cpu
+        from .kernels.cpu_build import BuildError
+
+        big = max(engine._file.tensors.values(), key=lambda t: t.nbytes)
+        return cpu.read_bandwidth(engine._file.array(big.name).view(np.uint8).reshape(-1)[: 1 << 30])
+    except (ImportError, BuildError, OSError):
+        return None
 
 
 def run(engine: Engine, ids: list[int], points: list[int], gen_tokens: int,

@@ -75,6 +75,41 @@ void ds4_set_threads(int n) {
 #endif
 }
 
+/* The read-bandwidth probe (`ds4 bench`'s first line, bench/cpu_bandwidth.py): n bytes at p
+ * read on every core, each core a contiguous share (as the products split their rows), 128
+ * bytes per step folded into a value the compiler must keep; the caller times it. Reading
+ * the model's own mapping measures what decode reads from: page-cache pages, their page
+ * walks and the hardware prefetchers' stops at every 4 KB page included. */
+uint64_t ds4_read(const uint8_t *p, int64_t n) {
+    uint64_t total = 0;
+#pragma omp parallel reduction(^ : total)
+    {
+#ifdef _OPENMP
+        const int64_t nt = omp_get_num_threads(), me = omp_get_thread_num();
+#else
+        const int64_t nt = 1, me = 0;
+#endif
+        const int64_t lo = n * me / nt / 128 * 128, hi = me + 1 == nt ? n / 128 * 128 : n * (me + 1) / nt / 128 * 128;
+        uint64_t fold = 0;
+#if defined(__AVX2__)
+        __m256i a = _mm256_setzero_si256(), b = a, c = a, d = a;
+        for (int64_t i = lo; i < hi; i += 128) {
+            a = _mm256_xor_si256(a, _mm256_loadu_si256((const __m256i *)(p + i)));
+            b = _mm256_xor_si256(b, _mm256_loadu_si256((const __m256i *)(p + i + 32)));
+            c = _mm256_xor_si256(c, _mm256_loadu_si256((const __m256i *)(p + i + 64)));
+            d = _mm256_xor_si256(d, _mm256_loadu_si256((const __m256i *)(p + i + 96)));
+        }
+        const __m256i v = _mm256_xor_si256(_mm256_xor_si256(a, b), _mm256_xor_si256(c, d));
+        fold = (uint64_t)_mm256_extract_epi64(v, 0) ^ (uint64_t)_mm256_extract_epi64(v, 1) ^
+               (uint64_t)_mm256_extract_epi64(v, 2) ^ (uint64_t)_mm256_extract_epi64(v, 3);
+#else
+        for (int64_t i = lo; i < hi; i += 8) { uint64_t w; memcpy(&w, p + i, 8); fold ^= w; }
+#endif
+        total ^= fold;
+    }
+    return total;
+}
+
 /* IEEE half -> float, exact for every input (subnormals, infinities, NaN payloads). */
 static inline float h2f(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ffu, bits;
@@ -307,6 +342,34 @@ static inline void dot4(const float *w, int64_t n, const float *x, float out[4])
     dot4p(w, w + n, w + 2 * n, w + 3 * n, n, x, out);
 }
 
+#if defined(__AVX512F__)
+#define HAVE_DOT4X4 1
+/* Four consecutive rows of w against four activation rows (x_stride apart): out[t][r]. Each
+ * weight and activation vector loaded feeds four FMAs (dot4 feeds four per five loads), which
+ * is what the float products of a prefill chunk (the F16 compressor, indexer and router
+ * matrices) are bound by. Each sum is dot4's: the same lanes, the same order. */
+static inline void dot4x4(const float *w, int64_t n, const float *x, int64_t x_stride, float out[4][4]) {
+    __m512 a[4][4];
+    for (int t = 0; t < 4; t++)
+        for (int r = 0; r < 4; r++) a[t][r] = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + 16 <= n; k += 16) {
+        __m512 wv[4];
+        for (int r = 0; r < 4; r++) wv[r] = _mm512_loadu_ps(w + r * n + k);
+        for (int t = 0; t < 4; t++) {
+            const __m512 xv = _mm512_loadu_ps(x + t * x_stride + k);
+            for (int r = 0; r < 4; r++) a[t][r] = _mm512_fmadd_ps(wv[r], xv, a[t][r]);
+        }
+    }
+    for (int t = 0; t < 4; t++)
+        for (int r = 0; r < 4; r++) {
+            float sum = _mm512_reduce_add_ps(a[t][r]);
+            for (int64_t j = k; j < n; j++) sum += w[r * n + j] * x[t * x_stride + j];
+            out[t][r] = sum;
+        }
+}
+#endif
+
 /* Rows per work item. Decode wants many small items so both cores stream weights; prefill
  * wants each dequantised block reused across the batch while it sits in L2. */
 static int row_block(int64_t T, int64_t n) {
@@ -321,8 +384,25 @@ static int row_block(int64_t T, int64_t n) {
 /* One F16 row against one activation row, converting in registers (no dequantised buffer):
  * on decode the F16 matrices (compressors, indexer, router) then stream at memory speed. */
 static float dot_f16(const uint8_t *w, const float *x, int64_t n) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
     int64_t k = 0;
+#if defined(__AVX512F__)
+    /* 64 weights a step over four accumulators: one conversion and one FMA per 16 weights is
+     * the whole loop, and four chains keep the FMA latency out of it */
+    __m512 z0 = _mm512_setzero_ps(), z1 = z0, z2 = z0, z3 = z0;
+    for (; k + 64 <= n; k += 64) {
+        z0 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w + 2 * k))), _mm512_loadu_ps(x + k), z0);
+        z1 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w + 2 * k + 32))),
+                             _mm512_loadu_ps(x + k + 16), z1);
+        z2 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w + 2 * k + 64))),
+                             _mm512_loadu_ps(x + k + 32), z2);
+        z3 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w + 2 * k + 96))),
+                             _mm512_loadu_ps(x + k + 48), z3);
+    }
+    const __m512 z = _mm512_add_ps(_mm512_add_ps(z0, z1), _mm512_add_ps(z2, z3));
+    __m256 a0 = _mm512_castps512_ps256(z), a1 = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(z), 1));
+#else
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+#endif
     for (; k + 16 <= n; k += 16) {
         a0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + 2 * k))), _mm256_loadu_ps(x + k), a0);
         a1 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + 2 * k + 16))), _mm256_loadu_ps(x + k + 8), a1);
@@ -357,7 +437,17 @@ static void matmul(const uint8_t *W, deq_fn deq, int64_t row_bytes, int64_t out,
             for (int64_t r = 0; r < nr; r++) deq(W + (r0 + r) * row_bytes, buf + r * n, n);
             /* a partial last block is padded by repeating its first row (results dropped) */
             for (int64_t r = nr; r < rb; r++) memcpy(buf + r * n, buf, (size_t)n * 4);
-            for (int64_t t = 0; t < T; t++) {
+            int64_t t = 0;
+#if defined(HAVE_DOT4X4)
+            for (; t + 4 <= T; t += 4)
+                for (int r = 0; r < rb; r += 4) {
+                    float s4[4][4];
+                    dot4x4(buf + (int64_t)r * n, n, X + t * x_stride, x_stride, s4);
+                    for (int j = 0; j < 4; j++)
+                        for (int i = 0; i < 4 && r + i < nr; i++) Y[(t + j) * y_stride + r0 + r + i] = s4[j][i];
+                }
+#endif
+            for (; t < T; t++) {
                 const float *x = X + t * x_stride;
                 float *y = Y + t * y_stride + r0;
                 for (int r = 0; r < rb; r += 4) {
@@ -466,6 +556,30 @@ void ds4_quantize_act(const float *X, int64_t T, int64_t n, qblock *out) {
         for (int64_t b = 0; b < n / 32; b++) {
             const float *x = X + t * n + 32 * b;
             qblock *o = out + t * (n / 32) + b;
+#if defined(__AVX2__)
+            /* the scalar loop below eight lanes at a time, as ds4_quantize_k does (a decode step
+             * quantises some fifty rows: scalar, they cost more than the smaller products) */
+            const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+            __m256 m = _mm256_and_ps(_mm256_loadu_ps(x), abs_mask);
+            for (int l = 8; l < 32; l += 8) m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(x + l), abs_mask));
+            const float amax = hmax8(m);
+            const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+            const __m256 vid = _mm256_set1_ps(id);
+            int sums[2];
+            for (int j = 0; j < 2; j++) {
+                const __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 16 * j), vid));
+                const __m256i c = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 16 * j + 8), vid));
+                const __m256i w16 = _mm256_permute4x64_epi64(_mm256_packs_epi32(a, c), 0xD8);
+                _mm_storeu_si128((__m128i *)(o->q + 16 * j), _mm_packs_epi16(_mm256_castsi256_si128(w16),
+                                                                              _mm256_extracti128_si256(w16, 1)));
+                const __m256i s8 = _mm256_add_epi32(a, c);
+                __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+                s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+                s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+                sums[j] = _mm_cvtsi128_si32(s4);
+            }
+            const int s0 = sums[0], s1 = sums[1];
+#else
             float amax = 0.0f;
             for (int l = 0; l < 32; l++) amax = fmaxf(amax, fabsf(x[l]));
             const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
@@ -475,6 +589,7 @@ void ds4_quantize_act(const float *X, int64_t T, int64_t n, qblock *out) {
                 o->q[l] = (int8_t)q;
                 if (l < 16) s0 += q; else s1 += q;
             }
+#endif
             o->d = d;
             o->s[0] = (int16_t)s0;
             o->s[1] = (int16_t)s1;
@@ -682,15 +797,21 @@ static inline __m256i halves_sum(__m512i v) {
 static inline __attribute__((always_inline)) void iq2_xxs_k512(const uint8_t *w, const kblock *x, int64_t nsb,
                                                                const int nt, float *out) {
     const __m512i smask_lo = _mm512_load_si512(IQ2_SMASK), smask_hi = _mm512_load_si512(IQ2_SMASK + 64);
-    const __m256i a1_dwords = _mm256_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3);
-    const __m256i sign_shift = _mm256_setr_epi32(0, 7, 14, 21, 0, 7, 14, 21);
     /* word 2 (the first group's ls) into the low 16 words, word 6 into the high 16 */
     const __m512i ls_words = _mm512_inserti64x4(_mm512_set1_epi16(2), _mm256_set1_epi16(6), 1);
+    const __m512i row_of_byte = _mm512_set_epi64(0x0B0B0B0B0B0B0B0BLL, 0x0A0A0A0A0A0A0A0ALL, 0x0909090909090909LL,
+                                                 0x0808080808080808LL, 0x0303030303030303LL, 0x0202020202020202LL,
+                                                 0x0101010101010101LL, 0);
+    const __m512i sign_fields = _mm512_set1_epi64(0x00000000352E2720LL);  /* bytes 0-3: bits 32, 39, 46, 53 */
+    const __m512i bit_of_byte = _mm512_set1_epi64((long long)0x8040201008040201ULL);
     __m256 acc[KT_MAX];
     for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nsb; b++, w += 66) {
         __m512i sum[KT_MAX];
         for (int t = 0; t < nt; t++) sum[t] = _mm512_setzero_si512();
+        /* every group's integer scale 2 * (a1 >> 28) + 1 at once: word 4g + 2 is group g's */
+        __m512i scales = _mm512_srli_epi32(_mm512_loadu_si512(w + 2), 28);
+        scales = _mm512_add_epi32(_mm512_add_epi32(scales, scales), _mm512_set1_epi32(1));
         for (int g = 0; g < 8; g += 2) {
             /* dwords: grid indices of group g, its signs and scale (a1), the same for g + 1 */
             const __m128i v = _mm_loadu_si128((const __m128i *)(w + 2 + 8 * g));
@@ -699,15 +820,15 @@ static inline __attribute__((always_inline)) void iq2_xxs_k512(const uint8_t *w,
                                                   (long long)IQ2_GRID8[a[9]], (long long)IQ2_GRID8[a[8]],
                                                   (long long)IQ2_GRID8[a[3]], (long long)IQ2_GRID8[a[2]],
                                                   (long long)IQ2_GRID8[a[1]], (long long)IQ2_GRID8[a[0]]);
-            const __m256i sidx = _mm256_and_si256(
-                _mm256_srlv_epi32(_mm256_permutevar8x32_epi32(_mm256_castsi128_si256(v), a1_dwords), sign_shift),
-                _mm256_set1_epi32(127));
-            const __m512i sbytes = _mm512_permutex2var_epi8(smask_lo, _mm512_castsi128_si512(_mm256_cvtepi32_epi8(sidx)),
-                                                            smask_hi);
-            const __mmask64 neg = _cvtu64_mask64((uint64_t)_mm_cvtsi128_si64(_mm512_castsi512_si128(sbytes)));
-            __m128i s4 = _mm_srli_epi32(v, 28);
-            s4 = _mm_add_epi32(_mm_add_epi32(s4, s4), _mm_set1_epi32(1));
-            const __m512i ls = _mm512_permutexvar_epi16(ls_words, _mm512_castsi128_si512(s4));
+            /* each group's four 7-bit sign indices, bits 32, 39, 46, 53 of its qword, picked out in
+             * place (bytes 0-3: group g, 8-11: g + 1; bit 7 is ignored by the lookup) */
+            const __m512i sbytes = _mm512_permutex2var_epi8(
+                smask_lo, _mm512_multishift_epi64_epi8(sign_fields, _mm512_castsi128_si512(v)), smask_hi);
+            /* row m's sign byte to its eight weights' bytes, then bit k of it to weight k: the
+             * mask made in vector registers (through a general register it cost a third of the
+             * kernel's time on Zen 4) */
+            const __mmask64 neg = _mm512_test_epi8_mask(_mm512_permutexvar_epi8(row_of_byte, sbytes), bit_of_byte);
+            const __m512i ls = _mm512_permutexvar_epi16(_mm512_add_epi16(ls_words, _mm512_set1_epi16((short)(4 * g))), scales);
             for (int t = 0; t < nt; t++) {
                 const __m512i xq = _mm512_loadu_si512(x[t * nsb + b].q + 32 * g);
                 const __m512i xs = _mm512_mask_sub_epi8(xq, neg, _mm512_setzero_si512(), xq);
@@ -1328,6 +1449,101 @@ static int matmul_q8_0_vnni(const uint8_t *W, int64_t row_bytes, int64_t out, in
 int ds4_set_vnni512(int on) { (void)on; return 0; }
 #endif
 
+#if defined(HAVE_VNNI512) && defined(__AVX512VL__)
+#define HAVE_Q8_FEW 1
+/* The lane sums of eight int32 vectors: lane j of the result is the sum of v[j]'s lanes. */
+static inline __m256i lane_sums8(const __m256i v[8]) {
+    const __m256i a = _mm256_hadd_epi32(v[0], v[1]), b = _mm256_hadd_epi32(v[2], v[3]);
+    const __m256i c = _mm256_hadd_epi32(v[4], v[5]), d = _mm256_hadd_epi32(v[6], v[7]);
+    const __m256i ab = _mm256_hadd_epi32(a, b), cd = _mm256_hadd_epi32(c, d);  /* halves of 0-3, 4-7 */
+    return _mm256_add_epi32(_mm256_permute2x128_si256(ab, cd, 0x20), _mm256_permute2x128_si256(ab, cd, 0x31));
+}
+
+/* Q8_0 rows r0 .. r1 against NT (1..3) quantised tokens, each row read once, straight from the
+ * file: the decode products (the output head, attention, shared expert). VNNI multiplies
+ * unsigned by signed bytes, so each weight byte is made unsigned with one xor (w + 128) and the
+ * excess, 128 * sum(x) per activation block, comes off once per eight blocks (cx: d_x * 128 *
+ * sum(q), made with the activations). A block's eight int32 lanes are summed in integers
+ * (lane_sums8) and meet their scales d_w * d_x eight blocks at a time, gathered from the row:
+ * per block there is no float conversion, broadcast or scalar product left, which is what
+ * held one core to about half of its read bandwidth. Every sum is exact in int32; the float
+ * order differs from the kernels for more tokens, within the tests' float32 bounds. */
+static inline __attribute__((always_inline)) void q8_0_few(const uint8_t *W, int64_t row_bytes, int64_t r0,
+                                                           int64_t r1, const qblock *Xq, const int8_t *xq,
+                                                           const float *xd, const float *cx, int64_t nb, const int NT,
+                                                           float *Y, int64_t y_stride) {
+    const __m256i flip = _mm256_set1_epi8((char)0x80), low16 = _mm256_set1_epi32(0xFFFF);
+    const __m256i at34 = _mm256_setr_epi32(0, 34, 68, 102, 136, 170, 204, 238);
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *w = W + r * row_bytes;
+        __m256 acc[3], corr[3];
+        for (int t = 0; t < NT; t++) acc[t] = corr[t] = _mm256_setzero_ps();
+        int64_t b = 0;
+        for (; b + 8 <= nb; b += 8) {
+            const uint8_t *g = w + 34 * b;
+            const __m256i dh = _mm256_and_si256(_mm256_i32gather_epi32((const int *)g, at34, 1), low16);
+            const __m256 dw = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(dh));
+            __m256i p[3][8];
+            for (int j = 0; j < 8; j++) {
+                const __m256i u = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(g + 34 * j + 2)), flip);
+                for (int t = 0; t < NT; t++)
+                    p[t][j] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u,
+                                                  _mm256_load_si256((const __m256i *)(xq + 32 * (t * nb + b + j))));
+            }
+            for (int t = 0; t < NT; t++) {
+                const __m256 sc = _mm256_mul_ps(dw, _mm256_loadu_ps(xd + t * nb + b));
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lane_sums8(p[t])), sc, acc[t]);
+                corr[t] = _mm256_fmadd_ps(dw, _mm256_loadu_ps(cx + t * nb + b), corr[t]);
+            }
+        }
+        float tail[3] = {0.0f, 0.0f, 0.0f};
+        for (; b < nb; b++) {  /* rows of fewer than 8 blocks left over (no tensor here has any) */
+            const float dw1 = h2f_fast(w + 34 * b);
+            for (int t = 0; t < NT; t++) {
+                int32_t sum = 0;
+                for (int l = 0; l < 32; l++) sum += (int32_t)((const int8_t *)(w + 34 * b + 2))[l] * Xq[t * nb + b].q[l];
+                tail[t] += dw1 * Xq[t * nb + b].d * (float)sum;
+            }
+        }
+        for (int t = 0; t < NT; t++) Y[t * y_stride + r] = hsum8(_mm256_sub_ps(acc[t], corr[t])) + tail[t];
+    }
+}
+
+/* Y (T, out) for T = 1..3 tokens through q8_0_few, rows split in contiguous runs per core: each
+ * core streams one run, which the hardware prefetchers follow as they follow the read probe
+ * (software prefetching 0.5 to 8 KB ahead measured no better on 2 Zen 4 cores, and 2-8 KB
+ * ahead a third slower). The four-row kernel it replaces read four rows at once with the
+ * next four prefetched: on the same cores the output head went from 22 to 57 GB/s. */
+static int matmul_q8_0_few(const uint8_t *W, int64_t row_bytes, int64_t out, int64_t nb, const qblock *Xq,
+                           int64_t T, float *Y, int64_t y_stride, int parallel) {
+    /* the activations' quants side by side (32-byte aligned: half the cache lines of the
+     * qblocks, whose other fields these loops do not read), their scales, their excess terms */
+    int8_t *xq = aligned_alloc(64, (size_t)(T * nb * 32 + 8 * T * nb) + 64);
+    if (!xq) return -1;
+    float *xd = (float *)(xq + T * nb * 32), *cx = xd + T * nb;
+    for (int64_t i = 0; i < T * nb; i++) {
+        memcpy(xq + 32 * i, Xq[i].q, 32);
+        xd[i] = Xq[i].d;
+        cx[i] = Xq[i].d * (float)(128 * ((int32_t)Xq[i].s[0] + Xq[i].s[1]));
+    }
+    (void)parallel;
+#pragma omp parallel if (parallel)
+    {
+#ifdef _OPENMP
+        const int64_t nt = omp_get_num_threads(), me = omp_get_thread_num();
+#else
+        const int64_t nt = 1, me = 0;
+#endif
+        const int64_t r0 = out * me / nt, r1 = out * (me + 1) / nt;
+        if (T == 1) q8_0_few(W, row_bytes, r0, r1, Xq, xq, xd, cx, nb, 1, Y, y_stride);
+        else if (T == 2) q8_0_few(W, row_bytes, r0, r1, Xq, xq, xd, cx, nb, 2, Y, y_stride);
+        else q8_0_few(W, row_bytes, r0, r1, Xq, xq, xd, cx, nb, 3, Y, y_stride);
+    }
+    free(xq);
+    return 0;
+}
+#endif
+
 /* Up to this many tokens read each weight block straight from the file per token; more
  * tokens decode each row once into wblocks first (measured crossover on AVX-512 Zen 4). */
 #define DIRECT_MAX_T 3
@@ -1336,10 +1552,11 @@ int ds4_set_vnni512(int on) { (void)on; return 0; }
  * routed expert's rows are a 2-3 MB run the demand misses walk one line at a time; the
  * hardware prefetchers stop at every 4 KB page, and where page walks are dear (a virtual
  * machine) one core streamed 1.7 GB/s of expert rows at one token, 5 GB/s with this (the
- * kernel's own speed); 2 to 8 rows ahead measured the same. The one-token Q8_0 product asks
- * for its next four rows the same way: on 2 cores of an AMD EPYC (Zen 5) VM the Flash output
- * head went from 22 to 16 ms (25 -> 35 GB/s; a plain read of the same mapping runs at 45),
- * where on an Intel Xeon VM an earlier row-ahead prefetch had measured no gain. */
+ * kernel's own speed); 2 to 8 rows ahead measured the same. Where the few-token Q8_0 kernel
+ * above is not built (no AVX-512 VNNI), the one-token Q8_0 product asks for its next four rows
+ * the same way: on 2 cores of an AMD EPYC (Zen 5) VM the Flash output head went from 22 to
+ * 16 ms (25 -> 35 GB/s; a plain read of the same mapping runs at 45), where on an Intel Xeon
+ * VM an earlier row-ahead prefetch had measured no gain. */
 #define PF_ROWS 4
 
 /* Y[t, r] = sum_k xhat[t, k] W[r, k] with the activations already quantised (Xq: T rows of
@@ -1434,6 +1651,10 @@ static void matmul_int8(const uint8_t *W, int type, int64_t row_bytes, int64_t o
         return;
     }
     idot_fn dot = int8_dot(type);
+#if defined(HAVE_Q8_FEW)
+    if (type == T_Q8_0 && nb % 8 == 0 && !matmul_q8_0_few(W, row_bytes, out, nb, Xq, T, Y, y_stride, parallel))
+        return;
+#endif
 #if defined(__AVX2__) && defined(__FMA__)
     if (type == T_Q8_0 && T == 1) {
         const int64_t quads = out / 4;
