@@ -502,6 +502,23 @@ typedef struct {
     int32_t pad[7];    /* 320 bytes: every block starts 32-byte aligned when the first does */
 } kblock;
 
+#if defined(__AVX2__)
+/* 16 values x times the inverse scale vid, rounded to nearest even (as nearbyintf in the
+ * default mode), stored as 16 int8 at q; returns their sum. Both activation formats' AVX2
+ * quantisers are made of these. */
+static inline int quant16(const float *x, __m256 vid, int8_t *q) {
+    const __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x), vid));
+    const __m256i c = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 8), vid));
+    const __m256i w16 = _mm256_permute4x64_epi64(_mm256_packs_epi32(a, c), 0xD8);
+    _mm_storeu_si128((__m128i *)q, _mm_packs_epi16(_mm256_castsi256_si128(w16), _mm256_extracti128_si256(w16, 1)));
+    const __m256i s8 = _mm256_add_epi32(a, c);
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+    return _mm_cvtsi128_si32(s4);
+}
+#endif
+
 /* Quantise T rows of n floats (n a multiple of 256) into T * n/256 kblocks: scale
  * max|x|/127 per 256 values, round to nearest even. */
 void ds4_quantize_k(const float *X, int64_t T, int64_t n, kblock *out) {
@@ -519,18 +536,7 @@ void ds4_quantize_k(const float *X, int64_t T, int64_t n, kblock *out) {
             const float amax = hmax8(m);
             const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
             const __m256 vid = _mm256_set1_ps(id);
-            for (int j = 0; j < 16; j++) {
-                const __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 16 * j), vid));
-                const __m256i c = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 16 * j + 8), vid));
-                const __m256i w16 = _mm256_permute4x64_epi64(_mm256_packs_epi32(a, c), 0xD8);
-                _mm_storeu_si128((__m128i *)(o->q + 16 * j), _mm_packs_epi16(_mm256_castsi256_si128(w16),
-                                                                              _mm256_extracti128_si256(w16, 1)));
-                const __m256i s8 = _mm256_add_epi32(a, c);
-                __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
-                s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
-                s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
-                o->bsum[j] = (int16_t)_mm_cvtsi128_si32(s4);
-            }
+            for (int j = 0; j < 16; j++) o->bsum[j] = (int16_t)quant16(x + 16 * j, vid, o->q + 16 * j);
             o->d = d;
 #else
             float amax = 0.0f;
@@ -565,20 +571,7 @@ void ds4_quantize_act(const float *X, int64_t T, int64_t n, qblock *out) {
             const float amax = hmax8(m);
             const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
             const __m256 vid = _mm256_set1_ps(id);
-            int sums[2];
-            for (int j = 0; j < 2; j++) {
-                const __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 16 * j), vid));
-                const __m256i c = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 16 * j + 8), vid));
-                const __m256i w16 = _mm256_permute4x64_epi64(_mm256_packs_epi32(a, c), 0xD8);
-                _mm_storeu_si128((__m128i *)(o->q + 16 * j), _mm_packs_epi16(_mm256_castsi256_si128(w16),
-                                                                              _mm256_extracti128_si256(w16, 1)));
-                const __m256i s8 = _mm256_add_epi32(a, c);
-                __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
-                s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
-                s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
-                sums[j] = _mm_cvtsi128_si32(s4);
-            }
-            const int s0 = sums[0], s1 = sums[1];
+            const int s0 = quant16(x, vid, o->q), s1 = quant16(x + 16, vid, o->q + 16);
 #else
             float amax = 0.0f;
             for (int l = 0; l < 32; l++) amax = fmaxf(amax, fabsf(x[l]));
