@@ -425,7 +425,7 @@ def test_kernel_selection(demo_path, monkeypatch) -> None:
         Engine.open(demo_path, backend="cpu", kernels="metal")
     # No compiler: auto falls back to the reference with a note; asking for cpu is an error.
     monkeypatch.setattr(cpu, "_lib", None)
-    monkeypatch.setattr(cpu_build, "_compiler", lambda: None)
+    monkeypatch.setattr(cpu_build, "compiler", lambda: None)
     with Engine.open(demo_path, backend="cpu") as e:
         assert e.info.kernels == "reference" and "no C compiler" in e.info.kernel_note
     with pytest.raises(EngineError, match="cpu kernels unavailable: no C compiler"):
@@ -464,7 +464,7 @@ def test_cli_flag_and_note(demo_path, capsys, monkeypatch) -> None:
     rc = cli.main(["-m", str(demo_path), "-p", "hi", "--nothink", "-n", "2", "--temp", "0", "--kernels", "reference"])
     assert rc == 0 and "note" not in capsys.readouterr().err
     monkeypatch.setattr(cpu, "_lib", None)
-    monkeypatch.setattr(cpu_build, "_compiler", lambda: None)
+    monkeypatch.setattr(cpu_build, "compiler", lambda: None)
     rc = cli.main(["-m", str(demo_path), "-p", "hi", "--nothink", "-n", "2", "--temp", "0"])
     err = capsys.readouterr().err
     assert rc == 0 and "ds4: note: cpu kernels unavailable (no C compiler" in err
@@ -536,7 +536,7 @@ def test_build_survives_a_damaged_cache_and_remembers_failures(tmp_path, monkeyp
         cpu_build.build()
     assert len(list((tmp_path / "kernels").glob("*.failed"))) == 2
     calls = []
-    monkeypatch.setattr(cpu_build, "_compile", lambda *a: calls.append(a))
+    monkeypatch.setattr(cpu_build, "compile_shared", lambda *a: calls.append(a))
     with pytest.raises(cpu_build.BuildError):
         cpu_build.build()
     assert calls == []  # remembered: no compiler run
@@ -569,7 +569,7 @@ def test_other_x86_builds_agree(tmp_path, march: str) -> None:
 
     flags = [f"-march={march}" if f == "-march=native" else f for f in cpu_build.BASE_FLAGS] + ["-fopenmp"]
     out = tmp_path / f"cpu-{march}.so"
-    cpu_build._compile(cpu_build._compiler(), flags, out)
+    cpu_build.compile_shared(cpu_build.compiler(), flags, cpu_build.SOURCE, out)
     lib = ctypes.CDLL(str(out))
     P, I = ctypes.c_void_p, ctypes.c_int64
     lib.ds4_matmul.argtypes = [P, ctypes.c_int, I, I, I, P, I, P, ctypes.c_int]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import sys
+import time
 
 import mlx.core as mx
 import numpy as np
@@ -116,8 +117,6 @@ def read_bandwidth(view: np.ndarray, repeat: int = 3) -> float:
     """Bytes per second at which every core together reads ``view`` (best of ``repeat`` timed
     passes after one untimed pass that pages it in): the machine's read bandwidth for that
     memory, what a bandwidth-bound product can reach at best."""
-    import time
-
     buf = np.ascontiguousarray(view).view(np.uint8).reshape(-1)
     lib = library()
     lib.ds4_read(buf.ctypes.data, buf.size)

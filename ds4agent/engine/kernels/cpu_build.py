@@ -45,22 +45,34 @@ def _cpu_identity() -> str:
         return platform.processor() + platform.machine()
 
 
-def _compiler() -> str | None:
+def compiler() -> str | None:
+    """The C compiler to use: $CC, else cc, gcc or clang, whichever is found first."""
     for cc in (os.environ.get("CC"), "cc", "gcc", "clang"):
         if cc and shutil.which(cc):
             return cc
     return None
 
 
-def _compile(cc: str, flags: list[str], out: Path) -> None:
+class CompileFailed(BuildError):
+    """The compiler refused a source: the message is its last line, ``log`` all it printed."""
+
+    def __init__(self, message: str, log: str) -> None:
+        super().__init__(message)
+        self.log = log
+
+
+def compile_shared(cc: str, flags: list[str], source: Path, out: Path) -> None:
+    """Compile ``source`` into the shared library ``out``, atomically (a concurrent process
+    sees the old file or the whole new one); CompileFailed when the compiler refuses it."""
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
     try:
-        r = subprocess.run([cc, *flags, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True)
+        r = subprocess.run([cc, *flags, str(source), "-o", tmp, "-lm"], capture_output=True, text=True)
         if r.returncode:
-            raise BuildError(r.stderr.strip().splitlines()[-1] if r.stderr.strip() else f"{cc} failed")
-        os.replace(tmp, out)  # atomic: a concurrent process sees the old file or the whole new one
+            log = r.stderr.strip()
+            raise CompileFailed(log.splitlines()[-1] if log else f"{cc} failed", log)
+        os.replace(tmp, out)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -68,7 +80,7 @@ def _compile(cc: str, flags: list[str], out: Path) -> None:
 
 def build() -> ctypes.CDLL:
     """The compiled kernel library for this machine, building it on first use."""
-    cc = _compiler()
+    cc = compiler()
     if cc is None:
         raise BuildError("no C compiler found (install gcc or clang, or set CC)")
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
@@ -90,7 +102,7 @@ def build() -> ctypes.CDLL:
         if not errors:
             print("ds4: building the CPU kernels for this machine (once, a few seconds)", file=sys.stderr, flush=True)
         try:
-            _compile(cc, flags, path)
+            compile_shared(cc, flags, SOURCE, path)
             return ctypes.CDLL(str(path))
         except BuildError as e:
             errors.append(str(e))

@@ -600,8 +600,8 @@ class GpuKernels(ReferenceKernels):
     def release(self, ops: set[str]) -> None:
         """Drop the device copies only the refused ``ops`` would have used (the self-check
         calls this: a refused expert kernel must not keep a layer's experts on the device)."""
-        dense = {"linear", "linears", "grouped", "hc_pre"} <= ops  # every product of a dense matrix
-        self.resident.drop(lambda name: not (("experts" in ops and "_exps." in name) or (dense and "_exps." not in name)))
+        self.resident.drop(experts="experts" in ops,
+                           dense={"linear", "linears", "grouped", "hc_pre"} <= ops)  # every dense product
 
     def _bytes(self, name: str):
         """The tensor's packed bytes on the device (resident.py: once, from the mmap)."""

@@ -18,9 +18,6 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import os
-import subprocess
-import tempfile
 from pathlib import Path
 from typing import Callable
 
@@ -30,7 +27,7 @@ import numpy as np
 from ... import settings
 from ..weights import Weights
 from . import gpu
-from .cpu_build import _compiler
+from .cpu_build import CompileFailed, compile_shared, compiler
 
 _CTYPES = {np.dtype(np.float32): "float", np.dtype(np.uint8): "uint8_t", np.dtype(np.int32): "int32_t"}
 FLAGS = ["-O2", "-std=c11", "-ffp-contract=off", "-fPIC", "-shared"]
@@ -73,7 +70,7 @@ def compile_source(src: str) -> ctypes.CDLL:
     lib = _LIBS.get(key)
     if lib is not None:
         return lib
-    cc = _compiler()
+    cc = compiler()
     if cc is None:
         raise CompileError("no C compiler found (install gcc or clang, or set CC)")
     d = _build_dir()
@@ -81,23 +78,13 @@ def compile_source(src: str) -> ctypes.CDLL:
     if not so.exists():
         c = d / f"{key}.c"
         c.write_text(src)
-        err = ""
         for extra in (["-fopenmp"], []):  # without OpenMP (e.g. Apple clang) the loop runs on one core
-            fd, tmp = tempfile.mkstemp(suffix=".so", dir=d)
-            os.close(fd)
             try:
-                r = subprocess.run([cc, *FLAGS, *extra, str(c), "-o", tmp, "-lm"], capture_output=True, text=True)
-                if not r.returncode:
-                    os.replace(tmp, so)
-                    break
-                err = r.stderr.strip().splitlines()[0] if r.stderr.strip() else f"{cc} failed"
-                if "error" in r.stderr and "omp" not in r.stderr:
-                    break  # the text itself is wrong: no point trying without OpenMP
-            finally:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
-        if not so.exists():
-            raise CompileError(err)
+                compile_shared(cc, [*FLAGS, *extra], c, so)
+                break
+            except CompileFailed as e:
+                if not extra or "omp" not in e.log:  # the text itself is wrong: say its first complaint
+                    raise CompileError(e.log.splitlines()[0] if e.log else str(e)) from None
     lib = _LIBS[key] = ctypes.CDLL(str(so))
     return lib
 

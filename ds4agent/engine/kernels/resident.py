@@ -62,9 +62,11 @@ class DeviceTensors:
             self.file.release_pages(name)
         return a
 
-    def drop(self, keep: Callable[[str], bool]) -> None:
-        """Forget every copy whose tensor name ``keep`` refuses."""
-        for name in [n for n in self._arrays if not keep(n)]:
+    def drop(self, experts: bool, dense: bool) -> None:
+        """Forget the copies of the routed-expert tensors and/or of every other tensor (what a
+        refused kernel would have read: the self-check's refuse() calls this through the
+        kernels' release())."""
+        for name in [n for n in self._arrays if ("_exps." in n and experts) or ("_exps." not in n and dense)]:
             del self._arrays[name]
 
     def nbytes(self) -> int:
