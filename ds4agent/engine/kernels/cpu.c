@@ -41,6 +41,17 @@ static uint64_t IQ2_GRID8[256];
 static uint64_t IQ2_SIGN8[128];
 /* and as bit masks (bit k: weight k of the eight is negative), for AVX-512 masked negation */
 static uint8_t IQ2_SMASK[128] __attribute__((aligned(64)));
+/* For the AVX-512 IQ2_XXS kernel (iq2_xxs_planes): the grid holds three magnitudes, low < mid
+ * < high; each row's eight as 2-bit codes 0, 1, 2, four to a byte (IQ2_CODES[0]: weights 0-3,
+ * [1]: 4-7, weight i in bits 2i), and IQ2_GF[p] the GF(2) affine map that takes the code in bits
+ * 2p, 2p+1 of a byte to its magnitude (x -> A x ^ IQ2_LOW: code bit 0 flips the bits low ^ mid,
+ * code bit 1 the bits low ^ high). IQ2_LOW is an instruction immediate, so it is a constant
+ * here, checked against the gguf table at load (iq2_codes_ok: the kernel is not used if the
+ * table were ever different). */
+#define IQ2_LOW 8
+static uint8_t IQ2_CODES[2][256] __attribute__((aligned(64)));
+static uint64_t IQ2_GF[4];
+static int iq2_codes_ok;
 
 void ds4_set_iq2_tables(const float *grid, const float *signs) {
     memcpy(IQ2_GRID, grid, sizeof IQ2_GRID);
@@ -56,6 +67,34 @@ void ds4_set_iq2_tables(const float *grid, const float *signs) {
         memcpy(&IQ2_SIGN8[i], b, 8);
         IQ2_SMASK[i] = 0;
         for (int k = 0; k < 8; k++) IQ2_SMASK[i] |= (uint8_t)((signs[8 * i + k] < 0) << k);
+    }
+    int mag[3] = {256, 256, 256}, n = 0, ok = 1;  /* the distinct magnitudes, ascending */
+    for (int i = 0; i < 256 * 8 && ok; i++) {
+        const int v = (int)grid[i];
+        int j = 0;
+        while (j < n && mag[j] < v) j++;
+        if (j < n && mag[j] == v) continue;
+        if (n == 3 || v != grid[i] || v < 0 || v > 255) ok = 0;
+        else {
+            memmove(mag + j + 1, mag + j, (size_t)(n - j) * sizeof *mag);
+            mag[j] = v, n++;
+        }
+    }
+    iq2_codes_ok = ok && n == 3 && mag[0] == IQ2_LOW;
+    if (!iq2_codes_ok) return;
+    for (int i = 0; i < 256; i++) {
+        IQ2_CODES[0][i] = IQ2_CODES[1][i] = 0;
+        for (int k = 0; k < 8; k++) {
+            const int v = (int)grid[8 * i + k], code = v == mag[0] ? 0 : v == mag[1] ? 1 : 2;
+            IQ2_CODES[k / 4][i] |= (uint8_t)(code << (2 * (k % 4)));
+        }
+    }
+    for (int p = 0; p < 4; p++) {
+        /* output bit i (matrix byte 7 - i) = parity of the input bits the row selects */
+        const int bit0 = mag[1] ^ mag[0], bit1 = mag[2] ^ mag[0];
+        IQ2_GF[p] = 0;
+        for (int i = 0; i < 8; i++)
+            IQ2_GF[p] |= (uint64_t)((((bit0 >> i) & 1) << (2 * p)) | (((bit1 >> i) & 1) << (2 * p + 1))) << (8 * (7 - i));
     }
 }
 
@@ -676,19 +715,46 @@ static inline __m256i dpbusd(__m256i acc, __m256i u, __m256i s) {
  * registers to keep 8 tokens' sums live (4 on plain AVX2). The one-token product is the
  * nt = 1 case of the same code and every token's sum is formed in the same order whatever nt
  * is, so a token's result is the same bits alone or with others. nt is a constant at every
- * call (see KT_CALL), so the sums stay in registers. */
+ * call (see KT_CALL), so the sums stay in registers.
+ *
+ * Some kernels read the activations rearranged (xp, made once per product by kprep(): the
+ * order in which the weights come out of their registers). Every build forms the same exact
+ * integers and meets the floats in the same order (ksum8 below), so an AVX2 build and an
+ * AVX-512 build give the same bits (tests/test_kernels.py builds both). */
 #if defined(__AVX512VL__)
 #define KT_MAX 8
 #else
 #define KT_MAX 4
 #endif
 
+/* Bytes of kprep()'s arrangement per token: whole pairs of superblocks (see kprep). */
+static inline int64_t kprep_bytes(int64_t nsb) { return (nsb + 1) / 2 * 512 + ((4 * nsb + 63) & ~63); }
+
+/* The float part of an IQ2_XXS row, the same in every build: superblock b's exact integer
+ * sum S[b] times its scale dd[b] (d_w / 8 * d_x), added into lane b mod 8 of acc, eight
+ * superblocks at a time (a short last group padded with S = 0, dd = 0); the row's result is
+ * hsum8 of the lanes. */
+static inline __m256 ksum8(__m256 acc, __m256i S, __m256 dd) {
+    return _mm256_add_ps(acc, _mm256_mul_ps(_mm256_cvtepi32_ps(S), dd));
+}
+
+/* The exact sum of eight int32 lanes. */
+static inline int32_t hsum_i32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+}
+
 /* IQ2_XXS: w = d/8 * ls * grid * sign with ls = 2*s4 + 1 per 32 weights. The sign goes onto
  * the activation (signs are +-1: exact), grid magnitudes (8, 25, 43) times activations pair
- * up in int16 (at most 2 * 43 * 127), times ls in int32 (a superblock's sum stays under 2^23). */
-static inline __attribute__((always_inline)) void iq2_xxs_k(const uint8_t *w, const kblock *x, int64_t nsb,
-                                                            const int nt, float *out) {
+ * up in int16 (at most 2 * 43 * 127), times ls in int32 (a superblock's sum stays under 2^26). */
+static inline __attribute__((always_inline)) void iq2_xxs_k(const uint8_t *w, const kblock *x, const int8_t *xp,
+                                                            int64_t nsb, const int nt, float *out) {
+    (void)xp;
     __m256 acc[KT_MAX];
+    int32_t S[KT_MAX][8];
+    float dd[KT_MAX][8];
     for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nsb; b++, w += 66) {
         __m256i sum[KT_MAX];
@@ -708,8 +774,16 @@ static inline __attribute__((always_inline)) void iq2_xxs_k(const uint8_t *w, co
             }
         }
         const float d = h2f_fast(w) * 0.125f;
-        for (int t = 0; t < nt; t++)
-            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[t]), _mm256_set1_ps(d * x[t * nsb + b].d), acc[t]);
+        const int j = (int)(b % 8);
+        for (int t = 0; t < nt; t++) {
+            S[t][j] = hsum_i32(sum[t]);
+            dd[t][j] = d * x[t * nsb + b].d;
+        }
+        if (j == 7 || b + 1 == nsb)
+            for (int t = 0; t < nt; t++) {
+                for (int i = j + 1; i < 8; i++) S[t][i] = 0, dd[t][i] = 0.0f;
+                acc[t] = ksum8(acc[t], _mm256_loadu_si256((const __m256i *)S[t]), _mm256_loadu_ps(dd[t]));
+            }
     }
     for (int t = 0; t < nt; t++) out[t] = hsum8(acc[t]);
 }
@@ -731,9 +805,11 @@ static inline void q2_k_table(__m128i sc, __m128i pieces[4]) {
  * 45, so it is formed as a byte by table lookup (AVX2 has no byte multiply: each scale's
  * products 0, s, 2s, 3s sit in four bytes that pshufb indexes with q) and every token then
  * takes one unsigned-by-signed dot per 32 weights. The minimums meet the activations' 16-sums
- * once per superblock. */
-static inline __attribute__((always_inline)) void q2_k_k(const uint8_t *w, const kblock *x, int64_t nsb,
-                                                         const int nt, float *out) {
+ * once per superblock. Int32 lane i holds weights 4i..4i+3 of each 32 (the AVX-512 kernel's
+ * halves, added). */
+static inline __attribute__((always_inline)) void q2_k_k(const uint8_t *w, const kblock *x, const int8_t *xp,
+                                                         int64_t nsb, const int nt, float *out) {
+    (void)xp;
     __m256 acc[KT_MAX];
     for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
     const __m256i three = _mm256_set1_epi8(3);
@@ -769,16 +845,29 @@ static inline __attribute__((always_inline)) void q2_k_k(const uint8_t *w, const
     for (int t = 0; t < nt; t++) out[t] = hsum8(acc[t]);
 }
 
-/* The same two products on AVX-512 (VNNI, VBMI): two 32-weight groups per 512-bit register,
- * so one token takes one load, one masked negation, one byte dot and one word dot
- * (VPDPWSSD: the scale ls and the add in one) per 64 weights. Decoding two IQ2_XXS groups
- * takes eight grid loads, one byte permute of a 128-entry sign-mask table held in two
- * registers for the eight sign bytes, and one word permute for the two ls (a gather of the
- * grid words measured 1.7x slower than the loads on Zen 5). The int32 lanes hold the even
- * groups in the low half and the odd ones in the high half; the halves are added before the
- * superblock's scaling, so every token's sum is the AVX2 kernels' exact integer and the
- * results are the same bits (the tests compare an AVX2 build). On 2 Zen 5 cores, one
- * token against a 2048 x 4096 expert matrix: IQ2_XXS 0.26 -> 0.15 ms, Q2_K 0.14 -> 0.09 ms. */
+/* The same two products on AVX-512 (VNNI, VBMI; GFNI for IQ2_XXS), both on activations
+ * rearranged once per product so that the weights need no shuffling into place:
+ *
+ * IQ2_XXS, two superblocks (64 groups of 8 weights) at a time, one byte per group in each of
+ * eight "planes": plane k holds weight k of every group, and the activations are laid out the
+ * same way (xp). Two 128-entry byte permutes (VPERMI2B) look up all 64 grid rows' 2-bit
+ * magnitude codes of four planes at once (IQ2_CODES: the grid has three magnitudes), and one
+ * GF(2) affine byte transform per plane turns a byte of four codes into that plane's
+ * magnitude (the map code -> magnitude is affine over GF(2) because code 3 never occurs). A
+ * plane's sign bits become a mask with one test, negate the activation bytes, and one VNNI dot
+ * per plane sums four groups, that is one 32-weight block, into each int32 lane, so a lane
+ * meets its block scale ls with one multiply per two superblocks. The eight planes cost
+ * about 50 instructions per 512 weights, where fetching eight-byte grid rows with scalar loads
+ * and inserting them cost about 150 (37 -> 13.5 cycles per superblock on one Sapphire
+ * Rapids core, hot in L2).
+ *
+ * Q2_K: the 64 quant bytes hold four 2-bit planes, plane j the weights 32j + l and
+ * 128 + 32j + l; xp holds each plane's 64 activations side by side. Each 16-weight run (one
+ * 128-bit lane of a plane) has its own scale, so per plane one word multiply makes a table of
+ * sc * (0..3) per lane and one pshufb indexes it with a nibble of the quant bytes (the low
+ * nibble carries planes 0 and 1, the high one 2 and 3: the tables ignore the other plane's
+ * bits). The int32 lanes hold the same partial sums as the AVX2 kernel's (18 -> 13 cycles per
+ * superblock). */
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__) && \
     defined(__AVX512VBMI__)
 #define HAVE_K512 1
@@ -787,82 +876,41 @@ static inline __m256i halves_sum(__m512i v) {
     return _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
 }
 
-static inline __attribute__((always_inline)) void iq2_xxs_k512(const uint8_t *w, const kblock *x, int64_t nsb,
-                                                               const int nt, float *out) {
-    const __m512i smask_lo = _mm512_load_si512(IQ2_SMASK), smask_hi = _mm512_load_si512(IQ2_SMASK + 64);
-    /* word 2 (the first group's ls) into the low 16 words, word 6 into the high 16 */
-    const __m512i ls_words = _mm512_inserti64x4(_mm512_set1_epi16(2), _mm256_set1_epi16(6), 1);
-    const __m512i row_of_byte = _mm512_set_epi64(0x0B0B0B0B0B0B0B0BLL, 0x0A0A0A0A0A0A0A0ALL, 0x0909090909090909LL,
-                                                 0x0808080808080808LL, 0x0303030303030303LL, 0x0202020202020202LL,
-                                                 0x0101010101010101LL, 0);
-    const __m512i sign_fields = _mm512_set1_epi64(0x00000000352E2720LL);  /* bytes 0-3: bits 32, 39, 46, 53 */
-    const __m512i bit_of_byte = _mm512_set1_epi64((long long)0x8040201008040201ULL);
+static inline __attribute__((always_inline)) void q2_k_k512(const uint8_t *w, const kblock *x, const int8_t *xp,
+                                                            int64_t nsb, const int nt, float *out) {
+    const int64_t stride = kprep_bytes(nsb);
     __m256 acc[KT_MAX];
     for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nsb; b++, w += 66) {
-        __m512i sum[KT_MAX];
-        for (int t = 0; t < nt; t++) sum[t] = _mm512_setzero_si512();
-        /* every group's integer scale 2 * (a1 >> 28) + 1 at once: word 4g + 2 is group g's */
-        __m512i scales = _mm512_srli_epi32(_mm512_loadu_si512(w + 2), 28);
-        scales = _mm512_add_epi32(_mm512_add_epi32(scales, scales), _mm512_set1_epi32(1));
-        for (int g = 0; g < 8; g += 2) {
-            /* dwords: grid indices of group g, its signs and scale (a1), the same for g + 1 */
-            const __m128i v = _mm_loadu_si128((const __m128i *)(w + 2 + 8 * g));
-            const uint8_t *a = w + 2 + 8 * g;  /* grid indices: bytes 0-3 (group g), 8-11 (g + 1) */
-            const __m512i grid = _mm512_set_epi64((long long)IQ2_GRID8[a[11]], (long long)IQ2_GRID8[a[10]],
-                                                  (long long)IQ2_GRID8[a[9]], (long long)IQ2_GRID8[a[8]],
-                                                  (long long)IQ2_GRID8[a[3]], (long long)IQ2_GRID8[a[2]],
-                                                  (long long)IQ2_GRID8[a[1]], (long long)IQ2_GRID8[a[0]]);
-            /* each group's four 7-bit sign indices, bits 32, 39, 46, 53 of its qword, picked out in
-             * place (bytes 0-3: group g, 8-11: g + 1; bit 7 is ignored by the lookup) */
-            const __m512i sbytes = _mm512_permutex2var_epi8(
-                smask_lo, _mm512_multishift_epi64_epi8(sign_fields, _mm512_castsi128_si512(v)), smask_hi);
-            /* row m's sign byte to its eight weights' bytes, then bit k of it to weight k: the
-             * mask made in vector registers (through a general register it cost a third of the
-             * kernel's time on Zen 4) */
-            const __mmask64 neg = _mm512_test_epi8_mask(_mm512_permutexvar_epi8(row_of_byte, sbytes), bit_of_byte);
-            const __m512i ls = _mm512_permutexvar_epi16(_mm512_add_epi16(ls_words, _mm512_set1_epi16((short)(4 * g))), scales);
-            for (int t = 0; t < nt; t++) {
-                const __m512i xq = _mm512_loadu_si512(x[t * nsb + b].q + 32 * g);
-                const __m512i xs = _mm512_mask_sub_epi8(xq, neg, _mm512_setzero_si512(), xq);
-                sum[t] = _mm512_dpwssd_epi32(sum[t], _mm512_maddubs_epi16(grid, xs), ls);
-            }
-        }
-        const float d = h2f_fast(w) * 0.125f;
-        for (int t = 0; t < nt; t++)
-            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(halves_sum(sum[t])), _mm256_set1_ps(d * x[t * nsb + b].d), acc[t]);
-    }
-    for (int t = 0; t < nt; t++) out[t] = hsum8(acc[t]);
-}
-
-static inline __attribute__((always_inline)) void q2_k_k512(const uint8_t *w, const kblock *x, int64_t nsb,
-                                                            const int nt, float *out) {
-    __m256 acc[KT_MAX];
-    for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
-    const __m512i three = _mm512_set1_epi8(3);
-    /* for the pair of 32-weight groups j, j + 1: their four 16-weight scales, one per lane */
-    const __m512i lane_scale = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    const __m512i nib = _mm512_set1_epi8(0x0F);
+    /* the products k * sc, k = 0..3, as bytes of words (k1 << 8 | k0) times the scale word:
+     * k = index & 3 (planes 0, 2) and k = index >> 2 (planes 1, 3) for the 16 nibble values */
+    const __m512i low_k = _mm512_set1_epi64(0x0302010003020100LL);
+    const __m512i high_k = _mm512_set4_epi64(0x0303030302020202LL, 0x0101010100000000LL, 0x0303030302020202LL,
+                                             0x0101010100000000LL);
+    /* the scale byte of plane j's 128-bit lane L is 8 (L / 2) + 2 j + L % 2, into even bytes */
+    const __m512i sc_of[4] = {
+        _mm512_set_epi32(0x09090909, 0x09090909, 0x09090909, 0x09090909, 0x08080808, 0x08080808, 0x08080808, 0x08080808,
+                         0x01010101, 0x01010101, 0x01010101, 0x01010101, 0, 0, 0, 0),
+        _mm512_set_epi32(0x0B0B0B0B, 0x0B0B0B0B, 0x0B0B0B0B, 0x0B0B0B0B, 0x0A0A0A0A, 0x0A0A0A0A, 0x0A0A0A0A, 0x0A0A0A0A,
+                         0x03030303, 0x03030303, 0x03030303, 0x03030303, 0x02020202, 0x02020202, 0x02020202, 0x02020202),
+        _mm512_set_epi32(0x0D0D0D0D, 0x0D0D0D0D, 0x0D0D0D0D, 0x0D0D0D0D, 0x0C0C0C0C, 0x0C0C0C0C, 0x0C0C0C0C, 0x0C0C0C0C,
+                         0x05050505, 0x05050505, 0x05050505, 0x05050505, 0x04040404, 0x04040404, 0x04040404, 0x04040404),
+        _mm512_set_epi32(0x0F0F0F0F, 0x0F0F0F0F, 0x0F0F0F0F, 0x0F0F0F0F, 0x0E0E0E0E, 0x0E0E0E0E, 0x0E0E0E0E, 0x0E0E0E0E,
+                         0x07070707, 0x07070707, 0x07070707, 0x07070707, 0x06060606, 0x06060606, 0x06060606, 0x06060606)};
+    const __mmask64 even_bytes = 0x5555555555555555ULL;
     for (int64_t b = 0; b < nsb; b++, w += 84) {
-        const __m128i sc = _mm_loadu_si128((const __m128i *)w);
-        __m128i pieces[4];
-        q2_k_table(sc, pieces);
-        __m512i tab = _mm512_castsi128_si512(pieces[0]);  /* dword k = bytes 0, s_k, 2 s_k, 3 s_k */
-        tab = _mm512_inserti32x4(tab, pieces[1], 1);  /* (the lane is an immediate) */
-        tab = _mm512_inserti32x4(tab, pieces[2], 2);
-        tab = _mm512_inserti32x4(tab, pieces[3], 3);
-        const __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc, 4), _mm_set1_epi8(0xF)));
+        const __m128i sc16 = _mm_loadu_si128((const __m128i *)w);
+        const __m512i sc = _mm512_and_si512(_mm512_broadcast_i32x4(sc16), nib);
+        const __m512i raw = _mm512_loadu_si512(w + 16);
+        const __m512i lo = _mm512_and_si512(raw, nib), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nib);
+        const __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc16, 4), _mm_set1_epi8(0xF)));
         __m512i sum[KT_MAX];
         for (int t = 0; t < nt; t++) sum[t] = _mm512_setzero_si512();
-        for (int h = 0; h < 2; h++) {
-            const __m512i raw = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(w + 16 + 32 * h)));
-            for (int j = 0; j < 4; j += 2) {
-                const int g = 8 * h + 2 * j;  /* scale of weights 128h + 32j .. +15 */
-                const __m512i shift = _mm512_inserti64x4(_mm512_set1_epi16((short)(2 * j)), _mm256_set1_epi16((short)(2 * j + 2)), 1);
-                const __m512i q = _mm512_and_si512(_mm512_srlv_epi16(raw, shift), three);
-                const __m512i wq = _mm512_shuffle_epi8(_mm512_permutexvar_epi32(_mm512_add_epi32(lane_scale, _mm512_set1_epi32(g)), tab), q);
-                for (int t = 0; t < nt; t++)
-                    sum[t] = _mm512_dpbusd_epi32(sum[t], wq, _mm512_loadu_si512(x[t * nsb + b].q + 128 * h + 32 * j));
-            }
+        for (int j = 0; j < 4; j++) {
+            const __m512i table = _mm512_mullo_epi16(_mm512_maskz_permutexvar_epi8(even_bytes, sc_of[j], sc), j & 1 ? high_k : low_k);
+            const __m512i wq = _mm512_shuffle_epi8(table, j < 2 ? lo : hi);
+            for (int t = 0; t < nt; t++)
+                sum[t] = _mm512_dpbusd_epi32(sum[t], wq, _mm512_loadu_si512(xp + t * stride + 256 * b + 64 * j));
         }
         const float d = h2f_fast(w + 80), dmin = h2f_fast(w + 82);
         for (int t = 0; t < nt; t++) {
@@ -874,31 +922,159 @@ static inline __attribute__((always_inline)) void q2_k_k512(const uint8_t *w, co
     }
     for (int t = 0; t < nt; t++) out[t] = hsum8(acc[t]);
 }
-#define IQ2_XXS_K iq2_xxs_k512
 #define Q2_K_K q2_k_k512
-#else
-#define IQ2_XXS_K iq2_xxs_k
+
+#if defined(__GFNI__)
+#define HAVE_IQ2_PLANES 1
+/* Lanes summed in pairs across two vectors: a0+a1, a2+a3, ..., a14+a15, b0+b1, ..., b14+b15. */
+static inline __m512i pair_sums(__m512i a, __m512i b) {
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    return _mm512_add_epi32(_mm512_permutex2var_epi32(a, even, b), _mm512_permutex2var_epi32(a, odd, b));
+}
+
+static inline __attribute__((always_inline)) void iq2_xxs_planes(const uint8_t *w, const kblock *x, const int8_t *xp,
+                                                                 int64_t nsb, const int nt, float *out) {
+    (void)x;  /* the scales and quants are read from xp */
+    const int64_t stride = kprep_bytes(nsb), nch = (nsb + 1) / 2;
+    const __m512i sgn0 = _mm512_load_si512(IQ2_SMASK), sgn1 = _mm512_load_si512(IQ2_SMASK + 64);
+    const __m512i c00 = _mm512_load_si512(IQ2_CODES[0]), c01 = _mm512_load_si512(IQ2_CODES[0] + 64);
+    const __m512i c02 = _mm512_load_si512(IQ2_CODES[0] + 128), c03 = _mm512_load_si512(IQ2_CODES[0] + 192);
+    const __m512i c10 = _mm512_load_si512(IQ2_CODES[1]), c11 = _mm512_load_si512(IQ2_CODES[1] + 64);
+    const __m512i c12 = _mm512_load_si512(IQ2_CODES[1] + 128), c13 = _mm512_load_si512(IQ2_CODES[1] + 192);
+    /* the two superblocks' 16 qwords, as dwords: grid indices (even dwords), sign and scale
+     * words (odd dwords) */
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    /* a sign word's four 7-bit fields (bits 0, 7, 14, 21) into bytes, twice per qword */
+    const __m512i sign_fields = _mm512_set1_epi64(0x352E2720150E0700LL);
+    const __m512i at66 = _mm512_setr_epi32(0, 66, 132, 198, 264, 330, 396, 462, 528, 594, 660, 726, 792, 858, 924, 990);
+    const float *xd = (const float *)(xp + 512 * nch);  /* the tokens' superblock scales (kprep) */
+    __m256 acc[KT_MAX];
+    for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
+    for (int64_t c0 = 0; c0 < nch; c0 += 8) {
+        const int nc = nch - c0 < 8 ? (int)(nch - c0) : 8;
+        __m512i lanes[KT_MAX][8];  /* per pair of superblocks: lane 8s + i = block i of superblock s */
+        for (int ci = 0; ci < nc; ci++) {
+            const int64_t c = c0 + ci;
+            const uint8_t *q = w + 132 * c + 2;
+            const __m512i a = _mm512_loadu_si512(q), b = 2 * c + 1 < nsb ? _mm512_loadu_si512(q + 66) : _mm512_setzero_si512();
+            const __m512i grid = _mm512_permutex2var_epi32(a, even, b), aux = _mm512_permutex2var_epi32(a, odd, b);
+            const __m512i signs = _mm512_permutex2var_epi8(sgn0, _mm512_multishift_epi64_epi8(sign_fields, aux), sgn1);
+            const __m512i ls = _mm512_or_si512(_mm512_slli_epi32(_mm512_srli_epi32(aux, 28), 1), _mm512_set1_epi32(1));
+            /* rows 128-255 in a second permute, into the bytes the first left as they were */
+            const __mmask64 upper = _mm512_movepi8_mask(grid);
+            __m512i codes0 = _mm512_mask2_permutex2var_epi8(c00, grid, ~upper, c01);
+            codes0 = _mm512_mask2_permutex2var_epi8(c02, codes0, upper, c03);
+            __m512i codes1 = _mm512_mask2_permutex2var_epi8(c10, grid, ~upper, c11);
+            codes1 = _mm512_mask2_permutex2var_epi8(c12, codes1, upper, c13);
+            __m512i sum[KT_MAX];
+            for (int t = 0; t < nt; t++) sum[t] = _mm512_setzero_si512();
+#define IQ2_PLANE(k, codes)                                                                                       \
+    {                                                                                                             \
+        const __m512i mag = _mm512_gf2p8affine_epi64_epi8(codes, _mm512_set1_epi64((long long)IQ2_GF[(k) % 4]), IQ2_LOW); \
+        const __mmask64 neg = _mm512_test_epi8_mask(signs, _mm512_set1_epi8((char)(1 << (k))));                  \
+        for (int t = 0; t < nt; t++) {                                                                            \
+            const __m512i xq = _mm512_load_si512(xp + t * stride + 512 * c + 64 * (k));                           \
+            sum[t] = _mm512_dpbusd_epi32(sum[t], mag, _mm512_mask_sub_epi8(xq, neg, _mm512_setzero_si512(), xq));  \
+        }                                                                                                         \
+    }
+            IQ2_PLANE(0, codes0) IQ2_PLANE(1, codes0) IQ2_PLANE(2, codes0) IQ2_PLANE(3, codes0)
+            IQ2_PLANE(4, codes1) IQ2_PLANE(5, codes1) IQ2_PLANE(6, codes1) IQ2_PLANE(7, codes1)
+#undef IQ2_PLANE
+            for (int t = 0; t < nt; t++) lanes[t][ci] = _mm512_mullo_epi32(sum[t], ls);
+        }
+        /* each superblock's eight block sums added into one lane: S[j] is superblock 2 c0 + j;
+         * the sixteen superblocks' scales d / 8 gathered at once (zero past the row's end) */
+        const int64_t sb0 = 2 * c0;
+        const __mmask16 real = nsb - sb0 >= 16 ? 0xFFFF : (__mmask16)((1u << (nsb - sb0)) - 1);
+        const __m512i dh = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), real, at66, w + 66 * sb0, 1);
+        const __m512 d = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_cvtepi32_epi16(dh)), _mm512_set1_ps(0.125f));
+        for (int t = 0; t < nt; t++) {
+            for (int ci = nc; ci < 8; ci++) lanes[t][ci] = _mm512_setzero_si512();
+            const __m512i S = pair_sums(pair_sums(pair_sums(lanes[t][0], lanes[t][1]), pair_sums(lanes[t][2], lanes[t][3])),
+                                        pair_sums(pair_sums(lanes[t][4], lanes[t][5]), pair_sums(lanes[t][6], lanes[t][7])));
+            const __m512 dd = _mm512_maskz_mul_ps(real, d, _mm512_loadu_ps(xd + t * stride / 4 + sb0));
+            acc[t] = ksum8(acc[t], _mm512_castsi512_si256(S), _mm512_castps512_ps256(dd));
+            if (sb0 + 8 < nsb) acc[t] = ksum8(acc[t], _mm512_extracti64x4_epi64(S, 1), _mm512_extractf32x8_ps(dd, 1));
+        }
+    }
+    for (int t = 0; t < nt; t++) out[t] = hsum8(acc[t]);
+}
+#define IQ2_XXS_K iq2_xxs_planes
+#endif
+#endif
+#ifndef Q2_K_K
 #define Q2_K_K q2_k_k
 #endif
+#ifndef IQ2_XXS_K
+#define IQ2_XXS_K iq2_xxs_k
+#endif
+
+/* The activations rearranged for the AVX-512 kernels above (kprep_bytes per token): IQ2_XXS
+ * per pair of superblocks, plane k's 64 bytes = weight k of each group; Q2_K per superblock,
+ * plane j = values 32j .. 32j+31 and 128+32j .. 128+32j+31. NULL where the kernel reads the
+ * kblocks as they are (or on a failed allocation: the caller then takes the float path). */
+static int8_t *kprep(int type, const kblock *x, int64_t T, int64_t nsb) {
+#if defined(HAVE_K512)
+#if !defined(HAVE_IQ2_PLANES)
+    if (type == T_IQ2_XXS) return NULL;
+#endif
+    if (type == T_IQ2_XXS && !iq2_codes_ok) return NULL;
+    const int64_t stride = kprep_bytes(nsb);
+    int8_t *xp = aligned_alloc(64, (size_t)(T * stride));
+    if (!xp) return NULL;
+    for (int64_t t = 0; t < T; t++) {
+        int8_t *o = xp + t * stride;
+        const kblock *xt = x + t * nsb;
+        if (type == T_IQ2_XXS) {
+            memset(o, 0, (size_t)stride);
+            float *d = (float *)(o + (nsb + 1) / 2 * 512);  /* then the superblocks' scales */
+            for (int64_t b = 0; b < nsb; b++) {
+                for (int g = 0; g < 32; g++)
+                    for (int k = 0; k < 8; k++) o[512 * (b / 2) + 64 * k + 32 * (b % 2) + g] = xt[b].q[8 * g + k];
+                d[b] = xt[b].d;
+            }
+        } else {
+            for (int64_t b = 0; b < nsb; b++)
+                for (int j = 0; j < 4; j++) {
+                    memcpy(o + 256 * b + 64 * j, xt[b].q + 32 * j, 32);
+                    memcpy(o + 256 * b + 64 * j + 32, xt[b].q + 128 + 32 * j, 32);
+                }
+        }
+    }
+    return xp;
+#else
+    (void)type, (void)x, (void)T, (void)nsb;
+    return NULL;
+#endif
+}
 
 /* One switch per kernel so that nt is a constant inside each instance. */
 #define KT_CALL(fn)                                                                         \
     switch (nt) {                                                                           \
-    case 1: fn(w, x, nsb, 1, out); break;                                                   \
-    case 2: fn(w, x, nsb, 2, out); break;                                                   \
-    case 3: fn(w, x, nsb, 3, out); break;                                                   \
-    case 4: fn(w, x, nsb, KT_MAX < 4 ? KT_MAX : 4, out); break;                             \
-    case 5: fn(w, x, nsb, KT_MAX < 5 ? KT_MAX : 5, out); break;                             \
-    case 6: fn(w, x, nsb, KT_MAX < 6 ? KT_MAX : 6, out); break;                             \
-    case 7: fn(w, x, nsb, KT_MAX < 7 ? KT_MAX : 7, out); break;                             \
-    default: fn(w, x, nsb, KT_MAX, out); break;                                             \
+    case 1: fn(w, x, xp, nsb, 1, out); break;                                               \
+    case 2: fn(w, x, xp, nsb, 2, out); break;                                               \
+    case 3: fn(w, x, xp, nsb, 3, out); break;                                               \
+    case 4: fn(w, x, xp, nsb, KT_MAX < 4 ? KT_MAX : 4, out); break;                         \
+    case 5: fn(w, x, xp, nsb, KT_MAX < 5 ? KT_MAX : 5, out); break;                         \
+    case 6: fn(w, x, xp, nsb, KT_MAX < 6 ? KT_MAX : 6, out); break;                         \
+    case 7: fn(w, x, xp, nsb, KT_MAX < 7 ? KT_MAX : 7, out); break;                         \
+    default: fn(w, x, xp, nsb, KT_MAX, out); break;                                         \
     }
 
-static void kdot(int type, const uint8_t *w, const kblock *x, int64_t nsb, int nt, float *out) {
+/* xp: kprep()'s arrangement of the same tokens, where the kernel takes one (else NULL). */
+static void kdot(int type, const uint8_t *w, const kblock *x, const int8_t *xp, int64_t nsb, int nt, float *out) {
     if (type == T_IQ2_XXS) {
-        KT_CALL(IQ2_XXS_K)
-    } else {
+        if (xp) {
+            KT_CALL(IQ2_XXS_K)
+        } else {
+            KT_CALL(iq2_xxs_k)
+        }
+    } else if (xp) {
         KT_CALL(Q2_K_K)
+    } else {
+        KT_CALL(q2_k_k)
     }
 }
 #undef KT_CALL
@@ -1180,9 +1356,14 @@ static int has_int8(int type) { return type == T_Q8_0 || type == T_Q4_K || type 
 typedef float (*idot_fn)(const uint8_t *, const qblock *, int64_t);
 static idot_fn int8_dot(int type) { (void)type; return 0; }
 static int has_int8(int type) { (void)type; return 0; }
-static void kdot(int type, const uint8_t *w, const kblock *x, int64_t nsb, int nt, float *out) {
-    (void)type; (void)w; (void)x; (void)nsb; (void)nt; (void)out;
+static void kdot(int type, const uint8_t *w, const kblock *x, const int8_t *xp, int64_t nsb, int nt, float *out) {
+    (void)type; (void)w; (void)x; (void)xp; (void)nsb; (void)nt; (void)out;
 }
+static int8_t *kprep(int type, const kblock *x, int64_t T, int64_t nsb) {
+    (void)type; (void)x; (void)T; (void)nsb;
+    return NULL;
+}
+static inline int64_t kprep_bytes(int64_t nsb) { return nsb; }
 #define KT_MAX 1
 typedef struct { int dummy; } wblock;
 typedef void (*idec_fn)(const uint8_t *, wblock *, int64_t);
@@ -1565,6 +1746,7 @@ static void matmul_int8(const uint8_t *W, int type, int64_t row_bytes, int64_t o
      * cost more. */
     if (Xk) {
         const int64_t nsb = n / 256;
+        int8_t *xp = kprep(type, Xk, T, nsb);
         enum { RB = 16 };
         const int64_t nblk = (out + RB - 1) / RB;
 #pragma omp parallel for schedule(static) if (parallel)
@@ -1578,11 +1760,12 @@ static void matmul_int8(const uint8_t *W, int type, int64_t row_bytes, int64_t o
                         const uint8_t *next = W + (r + PF_ROWS) * row_bytes;
                         for (int64_t o = 0; o < row_bytes; o += 64) __builtin_prefetch(next + o, 0, 3);
                     }
-                    kdot(type, W + r * row_bytes, Xk + t * nsb, nsb, nt, y);
+                    kdot(type, W + r * row_bytes, Xk + t * nsb, xp ? xp + t * kprep_bytes(nsb) : NULL, nsb, nt, y);
                     for (int j = 0; j < nt; j++) Y[(t + j) * y_stride + r] = y[j];
                 }
             }
         }
+        free(xp);
         return;
     }
 #if defined(HAVE_AMX)
