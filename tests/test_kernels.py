@@ -444,7 +444,7 @@ def test_build_is_cached_per_machine(tmp_path, monkeypatch) -> None:
     stamp = built[0].stat().st_mtime_ns
     cpu_build.build()
     assert built[0].stat().st_mtime_ns == stamp
-    monkeypatch.setattr(cpu_build, "_cpu_identity", lambda: "another cpu")
+    monkeypatch.setattr(cpu_build, "cpu_identity", lambda: "another cpu")
     cpu_build.build()
     assert len(list((tmp_path / "kernels").glob("cpu-*.so"))) == 2
 
@@ -508,6 +508,38 @@ def test_fused_experts_at_flash_dimensions(exact: bool) -> None:
             ref[t] += deq[e][2] @ act(g / (1 + np.exp(-g)) * u * route[t, j])
     err = np.abs(y - ref).max() / np.abs(ref).max()
     assert err <= (1e-5 if not rounded else 1e-3), err
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_experts_by_rows_same_bits_for_any_thread_count(exact: bool) -> None:
+    """With fewer chosen experts than four per core (decode), every core takes a share of the
+    rows of every expert: the result is the same bits for any number of cores, and equals the
+    split by whole experts (more experts than that) within float32 rounding of the different
+    summation order. Flash dimensions, IQ2_XXS gate/up and Q2_K down."""
+    E, F, n_exp, k = 4096, 2048, 12, 6
+    gate = _blocks(Q.IQ2_XXS, n_exp * F, E // 256, 11).reshape(n_exp, F, -1)
+    up = _blocks(Q.IQ2_XXS, n_exp * F, E // 256, 12).reshape(n_exp, F, -1)
+    down = _blocks(Q.Q2_K, n_exp * E, F // 256, 13).reshape(n_exp, E, -1)
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(2, E)).astype(np.float32)
+    sel = np.stack([rng.permutation(n_exp)[:k] for _ in range(2)]).astype(np.int32)  # 8 to 12 experts chosen
+    route = rng.uniform(0.1, 1.0, size=(2, k)).astype(np.float32)
+    n_chosen = len(set(sel.ravel().tolist()))
+    before = cpu.threads()
+    try:
+        results = {}
+        for threads in (1, 2, 3, 4, 5):
+            cpu.set_threads(threads)
+            results[threads] = cpu.moe_raw(x, sel, route, gate, up, Q.IQ2_XXS, down, Q.Q2_K, 7.0, int8=not exact)
+    finally:
+        cpu.set_threads(before)
+    by_rows = [t for t in results if n_chosen < 4 * t]
+    by_expert = [t for t in results if n_chosen >= 4 * t]
+    assert len(by_rows) >= 2 and by_expert
+    for t in by_rows[1:]:
+        assert _same_bits(results[t], results[by_rows[0]]), t
+    want = results[by_expert[0]]
+    assert np.abs(results[by_rows[0]] - want).max() <= 1e-5 * np.abs(want).max()
 
 
 def test_build_survives_a_damaged_cache_and_remembers_failures(tmp_path, monkeypatch, capsys) -> None:

@@ -26,6 +26,10 @@
 #endif
 #ifdef _OPENMP
 #include <omp.h>
+#else /* one thread: the parallel regions below run as plain loops */
+static inline int omp_get_thread_num(void) { return 0; }
+static inline int omp_get_num_threads(void) { return 1; }
+static inline int omp_get_max_threads(void) { return 1; }
 #endif
 
 enum { T_F32 = 0, T_F16 = 1, T_Q8_0 = 8, T_Q2_K = 10, T_Q4_K = 12, T_IQ2_XXS = 16 };
@@ -112,6 +116,25 @@ void ds4_set_threads(int n) {
 #else
     (void)n;
 #endif
+}
+
+/* Software prefetch distances, measured per machine (kernels/cpu.py tunes them once and
+ * caches them; DS4_PREFETCH overrides): pf_q8 bytes ahead in the few-token Q8_0 kernel, where
+ * a core streams one run of rows; pf_rows rows ahead in the expert kernels (at least 1). How
+ * far ahead pays differs by machine: on 2 cores of an AMD EPYC VM the Q8_0 kernel ran best
+ * with none (the hardware prefetchers kept up), on 2 cores of an Intel Xeon (Sapphire Rapids)
+ * VM 2 KB ahead took the Flash output head from 26 to 29 GB/s and a 36 MB projection from 19
+ * to 23, where 4 KB and more was slower again. */
+static int64_t pf_q8 = 0, pf_rows = 2;
+
+void ds4_set_prefetch(int64_t q8_bytes, int64_t expert_rows) {
+    pf_q8 = q8_bytes > 0 ? q8_bytes : 0;
+    pf_rows = expert_rows > 0 ? expert_rows : 1;
+}
+
+void ds4_get_prefetch(int64_t out[2]) {
+    out[0] = pf_q8;
+    out[1] = pf_rows;
 }
 
 /* The read-bandwidth probe (`ds4 bench`'s first line, bench/cpu_bandwidth.py): n bytes at p
@@ -429,6 +452,10 @@ static float dot_f16(const uint8_t *w, const float *x, int64_t n) {
      * the whole loop, and four chains keep the FMA latency out of it */
     __m512 z0 = _mm512_setzero_ps(), z1 = z0, z2 = z0, z3 = z0;
     for (; k + 64 <= n; k += 64) {
+        if (pf_q8) {  /* a row streamed as the Q8_0 kernel streams them (see pf_q8) */
+            __builtin_prefetch(w + 2 * k + pf_q8, 0, 3);
+            __builtin_prefetch(w + 2 * k + pf_q8 + 64, 0, 3);
+        }
         z0 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w + 2 * k))), _mm512_loadu_ps(x + k), z0);
         z1 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w + 2 * k + 32))),
                              _mm512_loadu_ps(x + k + 16), z1);
@@ -898,7 +925,20 @@ static inline __attribute__((always_inline)) void q2_k_k512(const uint8_t *w, co
         _mm512_set_epi32(0x0F0F0F0F, 0x0F0F0F0F, 0x0F0F0F0F, 0x0F0F0F0F, 0x0E0E0E0E, 0x0E0E0E0E, 0x0E0E0E0E, 0x0E0E0E0E,
                          0x07070707, 0x07070707, 0x07070707, 0x07070707, 0x06060606, 0x06060606, 0x06060606, 0x06060606)};
     const __mmask64 even_bytes = 0x5555555555555555ULL;
+    const __m256i at84 = _mm256_setr_epi32(80, 164, 248, 332, 416, 500, 584, 668);  /* d, dmin of 8 superblocks */
+    const float *xd = (const float *)(xp + (nsb + 1) / 2 * 512);  /* the tokens' superblock scales (kprep) */
+    float dd[KT_MAX][8], ddmin[KT_MAX][8];  /* d * d_x and dmin * d_x, eight superblocks at a time */
     for (int64_t b = 0; b < nsb; b++, w += 84) {
+        if (b % 8 == 0) {
+            const __mmask8 real = nsb - b >= 8 ? 0xFF : (__mmask8)((1u << (nsb - b)) - 1);
+            const __m256i h = _mm256_mmask_i32gather_epi32(_mm256_setzero_si256(), real, at84, w, 1);
+            const __m256 d = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(h)), dmin = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(_mm256_srli_epi32(h, 16)));
+            for (int t = 0; t < nt; t++) {
+                const __m256 xdt = _mm256_maskz_loadu_ps(real, xd + t * stride / 4 + b);
+                _mm256_storeu_ps(dd[t], _mm256_mul_ps(d, xdt));
+                _mm256_storeu_ps(ddmin[t], _mm256_mul_ps(dmin, xdt));
+            }
+        }
         const __m128i sc16 = _mm_loadu_si128((const __m128i *)w);
         const __m512i sc = _mm512_and_si512(_mm512_broadcast_i32x4(sc16), nib);
         const __m512i raw = _mm512_loadu_si512(w + 16);
@@ -912,12 +952,11 @@ static inline __attribute__((always_inline)) void q2_k_k512(const uint8_t *w, co
             for (int t = 0; t < nt; t++)
                 sum[t] = _mm512_dpbusd_epi32(sum[t], wq, _mm512_loadu_si512(xp + t * stride + 256 * b + 64 * j));
         }
-        const float d = h2f_fast(w + 80), dmin = h2f_fast(w + 82);
         for (int t = 0; t < nt; t++) {
             const kblock *xt = x + t * nsb + b;
             const __m256i m = _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *)xt->bsum));
-            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(halves_sum(sum[t])), _mm256_set1_ps(d * xt->d), acc[t]);
-            acc[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m), _mm256_set1_ps(dmin * xt->d), acc[t]);
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(halves_sum(sum[t])), _mm256_broadcast_ss(&dd[t][b % 8]), acc[t]);
+            acc[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m), _mm256_broadcast_ss(&ddmin[t][b % 8]), acc[t]);
         }
     }
     for (int t = 0; t < nt; t++) out[t] = hsum8(acc[t]);
@@ -961,7 +1000,8 @@ static inline __attribute__((always_inline)) void iq2_xxs_planes(const uint8_t *
             const __m512i a = _mm512_loadu_si512(q), b = 2 * c + 1 < nsb ? _mm512_loadu_si512(q + 66) : _mm512_setzero_si512();
             const __m512i grid = _mm512_permutex2var_epi32(a, even, b), aux = _mm512_permutex2var_epi32(a, odd, b);
             const __m512i signs = _mm512_permutex2var_epi8(sgn0, _mm512_multishift_epi64_epi8(sign_fields, aux), sgn1);
-            const __m512i ls = _mm512_or_si512(_mm512_slli_epi32(_mm512_srli_epi32(aux, 28), 1), _mm512_set1_epi32(1));
+            /* 2 s + 1 for the block scale s in bits 28-31 (bit 27, a sign bit, is covered by the 1) */
+            const __m512i ls = _mm512_or_si512(_mm512_srli_epi32(aux, 27), _mm512_set1_epi32(1));
             /* rows 128-255 in a second permute, into the bytes the first left as they were */
             const __mmask64 upper = _mm512_movepi8_mask(grid);
             __m512i codes0 = _mm512_mask2_permutex2var_epi8(c00, grid, ~upper, c01);
@@ -1036,6 +1076,8 @@ static int8_t *kprep(int type, const kblock *x, int64_t T, int64_t nsb) {
                 d[b] = xt[b].d;
             }
         } else {
+            float *d = (float *)(o + (nsb + 1) / 2 * 512);  /* after the quants, as for IQ2_XXS */
+            for (int64_t b = 0; b < nsb; b++) d[b] = xt[b].d;
             for (int64_t b = 0; b < nsb; b++)
                 for (int j = 0; j < 4; j++) {
                     memcpy(o + 256 * b + 64 * j, xt[b].q + 32 * j, 32);
@@ -1050,21 +1092,36 @@ static int8_t *kprep(int type, const kblock *x, int64_t T, int64_t nsb) {
 #endif
 }
 
+/* The row loop of krows() around one kernel, NT tokens. */
+#define KT_ROWS(fn, NT)                                                                     \
+    for (int64_t r = r0; r < r1; r++) {                                                     \
+        float y[KT_MAX];                                                                    \
+        if (ahead && r + pf_rows < out) {                                                   \
+            const uint8_t *next = W + (r + pf_rows) * row_bytes;                            \
+            for (int64_t o = 0; o < row_bytes; o += 64) __builtin_prefetch(next + o, 0, 3); \
+        }                                                                                   \
+        fn(W + r * row_bytes, x, xp, nsb, (NT), y);                                         \
+        for (int j = 0; j < (NT); j++) Y[j * y_stride + r] = y[j];                          \
+    }
 /* One switch per kernel so that nt is a constant inside each instance. */
 #define KT_CALL(fn)                                                                         \
     switch (nt) {                                                                           \
-    case 1: fn(w, x, xp, nsb, 1, out); break;                                               \
-    case 2: fn(w, x, xp, nsb, 2, out); break;                                               \
-    case 3: fn(w, x, xp, nsb, 3, out); break;                                               \
-    case 4: fn(w, x, xp, nsb, KT_MAX < 4 ? KT_MAX : 4, out); break;                         \
-    case 5: fn(w, x, xp, nsb, KT_MAX < 5 ? KT_MAX : 5, out); break;                         \
-    case 6: fn(w, x, xp, nsb, KT_MAX < 6 ? KT_MAX : 6, out); break;                         \
-    case 7: fn(w, x, xp, nsb, KT_MAX < 7 ? KT_MAX : 7, out); break;                         \
-    default: fn(w, x, xp, nsb, KT_MAX, out); break;                                         \
+    case 1: KT_ROWS(fn, 1) break;                                                           \
+    case 2: KT_ROWS(fn, 2) break;                                                           \
+    case 3: KT_ROWS(fn, 3) break;                                                           \
+    case 4: KT_ROWS(fn, KT_MAX < 4 ? KT_MAX : 4) break;                                     \
+    case 5: KT_ROWS(fn, KT_MAX < 5 ? KT_MAX : 5) break;                                     \
+    case 6: KT_ROWS(fn, KT_MAX < 6 ? KT_MAX : 6) break;                                     \
+    case 7: KT_ROWS(fn, KT_MAX < 7 ? KT_MAX : 7) break;                                     \
+    default: KT_ROWS(fn, KT_MAX) break;                                                     \
     }
 
-/* xp: kprep()'s arrangement of the same tokens, where the kernel takes one (else NULL). */
-static void kdot(int type, const uint8_t *w, const kblock *x, const int8_t *xp, int64_t nsb, int nt, float *out) {
+/* Rows r0 .. r1 of W (row_bytes apart) against nt tokens (x, and xp: kprep()'s arrangement
+ * of them where the kernel takes one, else NULL) into Y[t * y_stride + r]. With ahead, each
+ * row is asked for pf_rows rows before it is decoded (up to row out). The row loop sits inside
+ * each kernel's instance, so what a kernel sets up per call stays in registers across rows. */
+static void krows(int type, const uint8_t *W, int64_t row_bytes, int64_t r0, int64_t r1, int64_t out, const kblock *x,
+                  const int8_t *xp, int64_t nsb, int nt, float *Y, int64_t y_stride, int ahead) {
     if (type == T_IQ2_XXS) {
         if (xp) {
             KT_CALL(IQ2_XXS_K)
@@ -1078,6 +1135,7 @@ static void kdot(int type, const uint8_t *w, const kblock *x, const int8_t *xp, 
     }
 }
 #undef KT_CALL
+#undef KT_ROWS
 
 static float idot_q4_k(const uint8_t *w, const qblock *x, int64_t nb) {
     __m256 acc = _mm256_setzero_ps();
@@ -1356,8 +1414,10 @@ static int has_int8(int type) { return type == T_Q8_0 || type == T_Q4_K || type 
 typedef float (*idot_fn)(const uint8_t *, const qblock *, int64_t);
 static idot_fn int8_dot(int type) { (void)type; return 0; }
 static int has_int8(int type) { (void)type; return 0; }
-static void kdot(int type, const uint8_t *w, const kblock *x, const int8_t *xp, int64_t nsb, int nt, float *out) {
-    (void)type; (void)w; (void)x; (void)xp; (void)nsb; (void)nt; (void)out;
+static void krows(int type, const uint8_t *W, int64_t row_bytes, int64_t r0, int64_t r1, int64_t out, const kblock *x,
+                  const int8_t *xp, int64_t nsb, int nt, float *Y, int64_t y_stride, int ahead) {
+    (void)type; (void)W; (void)row_bytes; (void)r0; (void)r1; (void)out; (void)x; (void)xp; (void)nsb; (void)nt;
+    (void)Y; (void)y_stride; (void)ahead;
 }
 static int8_t *kprep(int type, const kblock *x, int64_t T, int64_t nsb) {
     (void)type; (void)x; (void)T; (void)nsb;
@@ -1655,6 +1715,8 @@ static inline __attribute__((always_inline)) void q8_0_few(const uint8_t *W, int
         int64_t b = 0;
         for (; b + 8 <= nb; b += 8) {
             const uint8_t *g = w + 34 * b;
+            if (pf_q8)
+                for (int o = 0; o < 8 * 34; o += 64) __builtin_prefetch(g + pf_q8 + o, 0, 3);
             const __m256i dh = _mm256_and_si256(_mm256_i32gather_epi32((const int *)g, at34, 1), low16);
             const __m256 dw = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(dh));
             __m256i p[3][8];
@@ -1722,21 +1784,21 @@ static int matmul_q8_0_few(const uint8_t *W, int64_t row_bytes, int64_t out, int
  * tokens decode each row once into wblocks first (measured crossover on AVX-512 Zen 4). */
 #define DIRECT_MAX_T 3
 #define REG_MAX_T 16
-/* The expert kernels ask for the row PF_ROWS ahead, all of it, before decoding this one. A
+/* The expert kernels ask for the row pf_rows ahead, all of it, before decoding this one. A
  * routed expert's rows are a 2-3 MB run the demand misses walk one line at a time; the
  * hardware prefetchers stop at every 4 KB page, and where page walks are dear (a virtual
  * machine) one core streamed 1.7 GB/s of expert rows at one token, 5 GB/s with this (the
- * kernel's own speed); 2 to 8 rows ahead measured the same. Where the few-token Q8_0 kernel
- * above is not built (no AVX-512 VNNI), the one-token Q8_0 product asks for its next four rows
- * the same way: on 2 cores of an AMD EPYC (Zen 5) VM the Flash output head went from 22 to
- * 16 ms (25 -> 35 GB/s; a plain read of the same mapping runs at 45), where on an Intel Xeon
- * VM an earlier row-ahead prefetch had measured no gain. */
-#define PF_ROWS 4
+ * kernel's own speed). Where the few-token Q8_0 kernel above is not built (no AVX-512 VNNI),
+ * the one-token Q8_0 product asks for its next four rows the same way: on 2 cores of an AMD
+ * EPYC (Zen 5) VM the Flash output head went from 22 to 16 ms (25 -> 35 GB/s; a plain read of
+ * the same mapping runs at 45), where on an Intel Xeon VM an earlier row-ahead prefetch had
+ * measured no gain. */
 
 /* Y[t, r] = sum_k xhat[t, k] W[r, k] with the activations already quantised (Xq: T rows of
- * n/32 blocks). Rows are spread over the cores; each weight row is read once for all tokens. */
+ * n/32 blocks, or Xk: kblocks, with xp their kprep() arrangement if the caller made it).
+ * Rows are spread over the cores; each weight row is read once for all tokens. */
 static void matmul_int8(const uint8_t *W, int type, int64_t row_bytes, int64_t out, int64_t n,
-                        const qblock *Xq, const kblock *Xk, int64_t T, float *Y, int64_t y_stride) {
+                        const qblock *Xq, const kblock *Xk, const int8_t *xp, int64_t T, float *Y, int64_t y_stride) {
     const int64_t nb = n / 32;
     const int parallel = out * n >= (1 << 16);
     (void)parallel;
@@ -1746,7 +1808,8 @@ static void matmul_int8(const uint8_t *W, int type, int64_t row_bytes, int64_t o
      * cost more. */
     if (Xk) {
         const int64_t nsb = n / 256;
-        int8_t *xp = kprep(type, Xk, T, nsb);
+        int8_t *own = xp ? NULL : kprep(type, Xk, T, nsb);
+        if (own) xp = own;
         enum { RB = 16 };
         const int64_t nblk = (out + RB - 1) / RB;
 #pragma omp parallel for schedule(static) if (parallel)
@@ -1754,18 +1817,11 @@ static void matmul_int8(const uint8_t *W, int type, int64_t row_bytes, int64_t o
             const int64_t r0 = blk * RB, r1 = out - r0 < RB ? out : r0 + RB;
             for (int64_t t = 0; t < T; t += KT_MAX) {
                 const int nt = T - t < KT_MAX ? (int)(T - t) : KT_MAX;
-                for (int64_t r = r0; r < r1; r++) {
-                    float y[KT_MAX];
-                    if (t == 0 && r + PF_ROWS < out) {
-                        const uint8_t *next = W + (r + PF_ROWS) * row_bytes;
-                        for (int64_t o = 0; o < row_bytes; o += 64) __builtin_prefetch(next + o, 0, 3);
-                    }
-                    kdot(type, W + r * row_bytes, Xk + t * nsb, xp ? xp + t * kprep_bytes(nsb) : NULL, nsb, nt, y);
-                    for (int j = 0; j < nt; j++) Y[(t + j) * y_stride + r] = y[j];
-                }
+                krows(type, W, row_bytes, r0, r1, out, Xk + t * nsb, xp ? xp + t * kprep_bytes(nsb) : NULL, nsb, nt,
+                      Y + t * y_stride, y_stride, t == 0);
             }
         }
-        free(xp);
+        free(own);
         return;
     }
 #if defined(HAVE_AMX)
@@ -1837,7 +1893,7 @@ static void matmul_int8(const uint8_t *W, int type, int64_t row_bytes, int64_t o
 #pragma omp parallel for schedule(static) if (parallel)
         for (int64_t g = 0; g < quads; g++) {
             float four[4];
-            if (g + 1 < quads) {  /* the next four rows, whole (see PF_ROWS) */
+            if (g + 1 < quads) {  /* the next four rows, whole (see pf_rows) */
                 const uint8_t *next = W + 4 * (g + 1) * row_bytes;
                 for (int64_t o = 0; o < 4 * row_bytes; o += 64) __builtin_prefetch(next + o, 0, 3);
             }
@@ -1874,18 +1930,19 @@ static int quantise(int type, const float *X, int64_t T, int64_t n, int int8, vo
     return f;
 }
 
-/* The product with X already quantised (acts, format f) or, f = 0, through float rows. */
+/* The product with X already quantised (acts, format f; xp: kprep()'s arrangement of kblocks,
+ * or NULL) or, f = 0, through float rows. */
 static void apply(const uint8_t *W, int type, deq_fn deq, int64_t row_bytes, int64_t out, int64_t n,
-                  const float *X, int64_t T, float *Y, int64_t y_stride, int f, const void *acts) {
+                  const float *X, int64_t T, float *Y, int64_t y_stride, int f, const void *acts, const int8_t *xp) {
     if (f)
-        matmul_int8(W, type, row_bytes, out, n, f == 1 ? acts : NULL, f == 2 ? acts : NULL, T, Y, y_stride);
+        matmul_int8(W, type, row_bytes, out, n, f == 1 ? acts : NULL, f == 2 ? acts : NULL, xp, T, Y, y_stride);
     else
         matmul(W, deq, row_bytes, out, n, X, n, T, Y, y_stride);
 }
 
 static void product(const uint8_t *W, int type, deq_fn deq, int64_t row_bytes, int64_t out, int64_t n,
                     const float *X, int64_t T, float *Y, int64_t y_stride, int int8, void *scratch) {
-    apply(W, type, deq, row_bytes, out, n, X, T, Y, y_stride, quantise(type, X, T, n, int8, scratch), scratch);
+    apply(W, type, deq, row_bytes, out, n, X, T, Y, y_stride, quantise(type, X, T, n, int8, scratch), scratch, NULL);
 }
 
 /* Y (T, out) = X (T, n) W^T; int8: take the integer path where the weight type has one. */
@@ -1921,7 +1978,7 @@ int ds4_matmul_multi(int64_t M, const int64_t *W, const int32_t *type, const int
     for (int64_t m = 0; m < M; m++) {
         const int f = act_format(type[m], T, n, int8);
         apply((const uint8_t *)(intptr_t)W[m], type[m], dequantiser(type[m]), row_bytes[m], out[m], n, X, T,
-              (float *)(intptr_t)Y[m], out[m], f, acts[f]);
+              (float *)(intptr_t)Y[m], out[m], f, acts[f], NULL);
     }
 done:
     free(acts[1]);
@@ -2276,48 +2333,223 @@ void ds4_hc_post(const float *y, const float *X, const float *post, const float 
  * clamped SwiGLU scaled by the routing weight, down product, added into the tokens' outputs.
  * Only the chosen experts' rows are read.
  *
- * The cores take whole experts (round robin over the chosen ones, in ascending id), not rows
- * of each product: a 256-token chunk gives each expert about 6 tokens, and splitting three
- * small products per expert across the cores cost a barrier each and left the SwiGLU to one
- * core (two cores ran only 1.35x faster than one). Each core sums its experts' outputs in
- * ascending expert order into its own buffer; the buffers are added in core order, so the
- * result depends on the thread count but not on scheduling. */
-typedef struct {
-    float *xs, *g, *u, *o, *y;
-    void *qs;  /* activations of the expert's tokens, either format */
-} moe_scratch;
+ * Two ways to spread the work over the cores, by how many experts there are to go round:
+ *
+ * - by expert (at least MOE_BY_EXPERT chosen experts per core: a prefill chunk's tokens
+ *   choose nearly all of them): the cores take whole experts, round robin in ascending id. A
+ *   256-token chunk gives each expert about 6 tokens, and splitting three small products per
+ *   expert across the cores cost a barrier each and left the SwiGLU to one core (two cores
+ *   ran only 1.35x faster than one). Each core sums its experts' outputs in ascending expert
+ *   order into its own buffer; the buffers are added in core order, so the result depends on
+ *   the thread count but not on scheduling.
+ *
+ * - by rows (fewer: decode, where a token chooses 6 experts): every core takes the same share
+ *   of the rows of every chosen expert's three matrices, so every core streams weights
+ *   whatever their number (whole experts kept 6 of 16 cores busy at one token). Gate, up and
+ *   the SwiGLU of a core's rows; a barrier; the down products' rows; a barrier; then each
+ *   output is the sum of the experts' outputs in ascending expert order: the same bits for
+ *   any number of cores. */
+enum { MOE_BY_EXPERT = 4 };
 
-static void moe_expert(const float *X, int64_t E, int64_t F, int64_t k, const int64_t *order, int64_t m,
-                       const float *route_w, const uint8_t *gate, const uint8_t *up, int gu_type, deq_fn deq_gu,
-                       int64_t gu_row_bytes, const uint8_t *down, int d_type, deq_fn deq_d, int64_t d_row_bytes,
-                       float clamp, int int8, moe_scratch *sc) {
-    for (int64_t j = 0; j < m; j++) memcpy(sc->xs + j * E, X + (order[j] / k) * E, (size_t)E * 4);
-    const int f = quantise(gu_type, sc->xs, m, E, int8, sc->qs);  /* once for gate and up */
-    apply(gate, gu_type, deq_gu, gu_row_bytes, F, E, sc->xs, m, sc->g, F, f, sc->qs);
-    apply(up, gu_type, deq_gu, gu_row_bytes, F, E, sc->xs, m, sc->u, F, f, sc->qs);
+/* Rows f0 .. f1 of the m tokens' gate rows g (F apart) become the clamped SwiGLU times the
+ * token's routing weight (slot order[j] of route_w). */
+static void swiglu(float *g, const float *u, int64_t F, int64_t f0, int64_t f1, int64_t m, const int64_t *order,
+                   const float *route_w, float clamp) {
     for (int64_t j = 0; j < m; j++) {
         const float w = route_w[order[j]];
-        float *gj = sc->g + j * F, *uj = sc->u + j * F;
-        for (int64_t f = 0; f < F; f++) {
+        float *gj = g + j * F;
+        const float *uj = u + j * F;
+        for (int64_t f = f0; f < f1; f++) {
             const float gv = gj[f] < clamp ? gj[f] : clamp;
             const float uv = uj[f] < -clamp ? -clamp : (uj[f] > clamp ? clamp : uj[f]);
             gj[f] = gv / (1.0f + expf(-gv)) * uv * w;
         }
     }
-    product(down, d_type, deq_d, d_row_bytes, E, F, sc->g, m, sc->o, E, int8, sc->qs);
+}
+
+/* The weights of one layer's experts and what the products need to read them. */
+typedef struct {
+    const uint8_t *gate, *up, *down;
+    int gu_type, d_type;
+    deq_fn deq_gu, deq_d;
+    int64_t gu_row_bytes, d_row_bytes, E, F;
+    float clamp;
+    int int8;
+} moe_weights;
+
+/* An expert's tokens' activations for one product, quantised once (format f, kprep's
+ * arrangement xp where the kernel takes one). */
+typedef struct {
+    void *q;
+    int8_t *xp;
+    int f;
+} moe_acts;
+
+static int moe_quantise(moe_acts *a, int type, const float *X, int64_t m, int64_t n, int int8) {
+    if (!(a->q = malloc(act_bytes(m, n)))) return -2;
+    a->f = quantise(type, X, m, n, int8, a->q);
+    a->xp = a->f == 2 ? kprep(type, a->q, m, n / 256) : NULL;
+    return 0;
+}
+
+static void moe_acts_free(moe_acts *a) {
+    free(a->q);
+    free(a->xp);
+}
+
+typedef struct {
+    float *xs, *g, *u, *o, *y;
+} moe_scratch;
+
+static int moe_expert(const moe_weights *mw, int64_t e, const float *X, int64_t k, const int64_t *order, int64_t m,
+                      const float *route_w, moe_scratch *sc) {
+    const int64_t E = mw->E, F = mw->F;
+    for (int64_t j = 0; j < m; j++) memcpy(sc->xs + j * E, X + (order[j] / k) * E, (size_t)E * 4);
+    moe_acts a = {0}, h = {0};
+    if (moe_quantise(&a, mw->gu_type, sc->xs, m, E, mw->int8)) return -2;  /* once for gate and up */
+    apply(mw->gate + e * F * mw->gu_row_bytes, mw->gu_type, mw->deq_gu, mw->gu_row_bytes, F, E, sc->xs, m, sc->g, F,
+          a.f, a.q, a.xp);
+    apply(mw->up + e * F * mw->gu_row_bytes, mw->gu_type, mw->deq_gu, mw->gu_row_bytes, F, E, sc->xs, m, sc->u, F, a.f,
+          a.q, a.xp);
+    moe_acts_free(&a);
+    swiglu(sc->g, sc->u, F, 0, F, m, order, route_w, mw->clamp);
+    if (moe_quantise(&h, mw->d_type, sc->g, m, F, mw->int8)) return -2;
+    apply(mw->down + e * E * mw->d_row_bytes, mw->d_type, mw->deq_d, mw->d_row_bytes, E, F, sc->g, m, sc->o, E, h.f,
+          h.q, h.xp);
+    moe_acts_free(&h);
     for (int64_t j = 0; j < m; j++) {
         float *y = sc->y + (order[j] / k) * E;
         const float *oj = sc->o + j * E;
         for (int64_t c = 0; c < E; c++) y[c] += oj[c];
     }
+    return 0;
+}
+
+static int moe_by_expert(const moe_weights *mw, const float *X, int64_t T, int64_t k, const int64_t *count,
+                         const int64_t *order, const int64_t *chosen, int64_t n_chosen, int64_t most,
+                         const float *route_w, float *Y, int threads) {
+    const int64_t E = mw->E, F = mw->F;
+    int rc = 0;
+    float **partial = calloc((size_t)threads, sizeof *partial);
+    if (!partial) return -2;
+#pragma omp parallel num_threads(threads)
+    {
+        const int me = omp_get_thread_num();
+        moe_scratch sc = {malloc((size_t)(most * E) * 4), malloc((size_t)(most * F) * 4), malloc((size_t)(most * F) * 4),
+                          malloc((size_t)(most * E) * 4), me ? calloc((size_t)(T * E), 4) : Y};
+        partial[me] = sc.y;
+        const int ok = sc.xs && sc.g && sc.u && sc.o && sc.y;
+        if (!ok) {
+#pragma omp atomic write
+            rc = -2;
+        }
+        /* every thread meets the work-sharing loop, even one whose buffers failed */
+#pragma omp for schedule(static, 1)
+        for (int64_t c = 0; c < n_chosen; c++) {
+            if (!ok) continue;
+            const int64_t e = chosen[c], lo = count[e];
+            if (moe_expert(mw, e, X, k, order + lo, count[e + 1] - lo, route_w, &sc)) {
+#pragma omp atomic write
+                rc = -2;
+            }
+        }
+        free(sc.xs); free(sc.g); free(sc.u); free(sc.o);
+#pragma omp barrier
+        /* add the other cores' sums into Y (thread 0's buffer), in core order */
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < T * E; i++)
+            for (int t = 1; t < threads; t++)
+                if (partial[t]) Y[i] += partial[t][i];
+        if (me) free(sc.y);
+    }
+    free(partial);
+    return rc;
+}
+
+static int moe_by_rows(const moe_weights *mw, const float *X, int64_t T, int64_t k, const int64_t *count,
+                       const int64_t *order, const int64_t *chosen, int64_t n_chosen, const float *route_w, float *Y) {
+    const int64_t E = mw->E, F = mw->F, S = T * k;  /* S slots (token, choice), expert by expert in order */
+    float *xs = malloc((size_t)(S * E) * 4), *g = malloc((size_t)(S * F) * 4), *u = malloc((size_t)(S * F) * 4);
+    float *o = malloc((size_t)(S * E) * 4);
+    moe_acts *a = calloc((size_t)n_chosen, sizeof *a), *h = calloc((size_t)n_chosen, sizeof *h);
+    int rc = xs && g && u && o && a && h ? 0 : -2;
+    if (!rc) {
+#pragma omp parallel
+        {
+#ifdef _OPENMP
+            const int64_t nt = omp_get_num_threads(), me = omp_get_thread_num();
+#else
+            const int64_t nt = 1, me = 0;
+#endif
+            /* each expert's inputs gathered and quantised once, for gate and up */
+#pragma omp for schedule(static)
+            for (int64_t c = 0; c < n_chosen; c++) {
+                const int64_t lo = count[chosen[c]], m = count[chosen[c] + 1] - lo;
+                for (int64_t j = 0; j < m; j++) memcpy(xs + (lo + j) * E, X + (order[lo + j] / k) * E, (size_t)E * 4);
+                if (moe_quantise(a + c, mw->gu_type, xs + lo * E, m, E, mw->int8)) {
+#pragma omp atomic write
+                    rc = -2;
+                }
+            }
+            /* (the loop's barrier: every input is ready, and rc is the same for all) */
+            if (!rc) {
+                const int64_t f0 = F * me / nt, f1 = F * (me + 1) / nt;
+                for (int64_t c = 0; c < n_chosen; c++) {
+                    const int64_t e = chosen[c], lo = count[e], m = count[e + 1] - lo;
+                    const int64_t at = e * F + f0;
+                    apply(mw->gate + at * mw->gu_row_bytes, mw->gu_type, mw->deq_gu, mw->gu_row_bytes, f1 - f0, E,
+                          xs + lo * E, m, g + lo * F + f0, F, a[c].f, a[c].q, a[c].xp);
+                    apply(mw->up + at * mw->gu_row_bytes, mw->gu_type, mw->deq_gu, mw->gu_row_bytes, f1 - f0, E,
+                          xs + lo * E, m, u + lo * F + f0, F, a[c].f, a[c].q, a[c].xp);
+                    swiglu(g + lo * F, u + lo * F, F, f0, f1, m, order + lo, route_w, mw->clamp);
+                }
+            }
+#pragma omp barrier
+#pragma omp for schedule(static)
+            for (int64_t c = 0; c < n_chosen; c++) {
+                const int64_t lo = count[chosen[c]], m = count[chosen[c] + 1] - lo;
+                if (!rc && moe_quantise(h + c, mw->d_type, g + lo * F, m, F, mw->int8)) {
+#pragma omp atomic write
+                    rc = -2;
+                }
+            }
+            if (!rc) {
+                const int64_t r0 = E * me / nt, r1 = E * (me + 1) / nt;
+                for (int64_t c = 0; c < n_chosen; c++) {
+                    const int64_t e = chosen[c], lo = count[e], m = count[e + 1] - lo;
+                    apply(mw->down + (e * E + r0) * mw->d_row_bytes, mw->d_type, mw->deq_d, mw->d_row_bytes, r1 - r0, F,
+                          g + lo * F, m, o + lo * E + r0, E, h[c].f, h[c].q, h[c].xp);
+                }
+            }
+#pragma omp barrier
+            /* each output in ascending expert order (slots are expert by expert) */
+            enum { COLS = 256 };
+#pragma omp for schedule(static)
+            for (int64_t c0 = 0; c0 < E; c0 += COLS) {
+                const int64_t c1 = E - c0 < COLS ? E : c0 + COLS;
+                for (int64_t s = 0; s < S && !rc; s++) {
+                    float *y = Y + (order[s] / k) * E;
+                    const float *os = o + s * E;
+                    for (int64_t col = c0; col < c1; col++) y[col] += os[col];
+                }
+            }
+        }
+    }
+    for (int64_t c = 0; a && h && c < n_chosen; c++) {
+        moe_acts_free(a + c);
+        moe_acts_free(h + c);
+    }
+    free(xs); free(g); free(u); free(o); free(a); free(h);
+    return rc;
 }
 
 int ds4_moe(const float *X, int64_t T, int64_t E, int64_t F, int64_t n_expert, int64_t k,
             const int32_t *sel, const float *route_w,
             const uint8_t *gate, const uint8_t *up, int gu_type, int64_t gu_row_bytes,
             const uint8_t *down, int d_type, int64_t d_row_bytes, float clamp, float *Y, int int8) {
-    deq_fn deq_gu = dequantiser(gu_type), deq_d = dequantiser(d_type);
-    if (!deq_gu || !deq_d) return -1;
+    const moe_weights mw = {gate, up, down, gu_type, d_type, dequantiser(gu_type), dequantiser(d_type),
+                            gu_row_bytes, d_row_bytes, E, F, clamp, int8};
+    if (!mw.deq_gu || !mw.deq_d) return -1;
     for (int64_t i = 0; i < T * k; i++)
         if (sel[i] < 0 || sel[i] >= n_expert) return -3;
     int64_t *count = calloc((size_t)n_expert + 1, sizeof *count), *fill = calloc((size_t)n_expert, sizeof *fill);
@@ -2333,42 +2565,11 @@ int ds4_moe(const float *X, int64_t T, int64_t E, int64_t F, int64_t n_expert, i
         count[e + 1] += count[e];
     }
     for (int64_t i = 0; i < T * k; i++) order[count[sel[i]] + fill[sel[i]]++] = i;  /* token-major per expert */
-    const int64_t qn = E > F ? E : F;
-    int threads = omp_get_max_threads();
-    if (n_chosen < threads) threads = n_chosen ? (int)n_chosen : 1;
-    float **partial = calloc((size_t)threads, sizeof *partial);
-    if (!partial) { rc = -2; goto done; }
-#pragma omp parallel num_threads(threads)
-    {
-        const int me = omp_get_thread_num();
-        moe_scratch sc = {malloc((size_t)(most * E) * 4), malloc((size_t)(most * F) * 4), malloc((size_t)(most * F) * 4),
-                          malloc((size_t)(most * E) * 4), me ? calloc((size_t)(T * E), 4) : Y,
-                          malloc(act_bytes(most, qn))};
-        partial[me] = sc.y;
-        const int ok = sc.xs && sc.g && sc.u && sc.o && sc.y && sc.qs;
-        if (!ok) {
-#pragma omp atomic write
-            rc = -2;
-        }
-        /* every thread meets the work-sharing loop, even one whose buffers failed */
-#pragma omp for schedule(static, 1)
-        for (int64_t c = 0; c < n_chosen; c++) {
-            if (!ok) continue;
-            const int64_t e = chosen[c], lo = count[e];
-            moe_expert(X, E, F, k, order + lo, count[e + 1] - lo, route_w, gate + e * F * gu_row_bytes,
-                       up + e * F * gu_row_bytes, gu_type, deq_gu, gu_row_bytes, down + e * E * d_row_bytes,
-                       d_type, deq_d, d_row_bytes, clamp, int8, &sc);
-        }
-        free(sc.xs); free(sc.g); free(sc.u); free(sc.o); free(sc.qs);
-#pragma omp barrier
-        /* add the other cores' sums into Y (thread 0's buffer), in core order */
-#pragma omp for schedule(static)
-        for (int64_t i = 0; i < T * E; i++)
-            for (int t = 1; t < threads; t++)
-                if (partial[t]) Y[i] += partial[t][i];
-        if (me) free(sc.y);
-    }
-    free(partial);
+    const int threads = omp_get_max_threads();
+    if (n_chosen >= MOE_BY_EXPERT * threads)
+        rc = moe_by_expert(&mw, X, T, k, count, order, chosen, n_chosen, most, route_w, Y, threads);
+    else
+        rc = moe_by_rows(&mw, X, T, k, count, order, chosen, n_chosen, route_w, Y);
 done:
     free(count); free(fill); free(order); free(chosen);
     return rc;

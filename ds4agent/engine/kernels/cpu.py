@@ -31,6 +31,7 @@ from ..qat import ceil_log2_table
 from ..quants import iq2xxs_tables
 from ..weights import Weights
 from ..xp import NP
+from . import cpu_tune
 from .cpu_build import build
 
 SUPPORTED = frozenset({int(Q.F32), int(Q.F16), int(Q.Q8_0), int(Q.Q2_K), int(Q.Q4_K), int(Q.IQ2_XXS)})
@@ -93,6 +94,8 @@ def library() -> ctypes.CDLL:
         lib.ds4_set_threads.argtypes = [ctypes.c_int]
         lib.ds4_read.argtypes = [_P, _I]
         lib.ds4_read.restype = ctypes.c_uint64
+        lib.ds4_set_prefetch.argtypes = [_I, _I]
+        lib.ds4_get_prefetch.argtypes = [_P]
         grid, signs = iq2xxs_tables()
         lib.ds4_set_iq2_tables(grid.ctypes.data, signs.ctypes.data)
         table = np.ascontiguousarray(ceil_log2_table(), dtype=np.int32)  # named: alive through the call
@@ -103,6 +106,14 @@ def library() -> ctypes.CDLL:
             lib.ds4_set_amx(0)
         _lib = lib
     return _lib
+
+
+def prefetch() -> tuple[int, int]:
+    """The prefetch distances the kernels use now: (bytes ahead in the Q8_0 products, rows
+    ahead in the expert products); cpu_tune chooses them."""
+    out = np.zeros(2, np.int64)
+    library().ds4_get_prefetch(out.ctypes.data)
+    return int(out[0]), int(out[1])
 
 
 def set_threads(n: int) -> None:
@@ -274,7 +285,10 @@ class CpuKernels:
 
     def __init__(self, weights: Weights, exact: bool = False) -> None:
         self.w = weights
-        library()
+        # Prefetch distances: from DS4_PREFETCH or this machine's cache now; if neither has them,
+        # measured on this model at the first expert product (opening reads no weights).
+        self.prefetch = cpu_tune.choose(library())
+        self._measure_prefetch = self.prefetch.source == "default"
         self.int8 = not exact and int8_available()
         self._views: dict[str, tuple[np.ndarray, int, int]] = {}
         self._experts: dict[int, tuple] = {}
@@ -370,6 +384,9 @@ class CpuKernels:
         return y
 
     def experts(self, layer: int, x: mx.array, sel: np.ndarray, weights: mx.array, clamp: float) -> mx.array:
+        if self._measure_prefetch:
+            self._measure_prefetch = False
+            self.prefetch = cpu_tune.measure_once(self.w.file, library(), matmul_raw)
         ex = self._experts.get(layer)
         if ex is None:  # views of the layer's three expert tensors, made once
             f, p = self.w.file, f"blk.{layer}.ffn_"

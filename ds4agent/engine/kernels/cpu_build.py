@@ -35,7 +35,8 @@ def _cache_dir() -> Path:
     return settings.kernels_dir()
 
 
-def _cpu_identity() -> str:
+def cpu_identity() -> str:
+    """The CPU's model name and feature flags: what code built or tuned here is keyed by."""
     try:
         text = Path("/proc/cpuinfo").read_text(errors="replace")
         flags = next((ln for ln in text.splitlines() if ln.startswith(("flags", "Features"))), "")
@@ -88,7 +89,7 @@ def build() -> ctypes.CDLL:
     errors: list[str] = []
     # OpenMP spreads rows over every core; without it (e.g. Apple clang) the kernels run on one.
     for flags in (BASE_FLAGS + ["-fopenmp"], BASE_FLAGS):
-        key = hashlib.sha1(src + version.encode() + " ".join(flags).encode() + _cpu_identity().encode()).hexdigest()[:16]
+        key = hashlib.sha1(src + version.encode() + " ".join(flags).encode() + cpu_identity().encode()).hexdigest()[:16]
         path = _cache_dir() / f"cpu-{key}.so"
         failed = path.with_suffix(".failed")  # this compiler cannot build these flags: do not retry
         if failed.exists():
