@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import re
 import struct
+import sys
 from pathlib import Path
 
 import gguf
@@ -326,3 +328,20 @@ def test_damaged_names_stay_on_one_short_line(tmp_path: Path, name: str) -> None
         GGUFFile(p)
     msg = str(e.value)
     assert "has 9 dimensions" in msg and "\n" not in msg and msg.isprintable() and len(msg) < 400, msg
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the mapping's flags from /proc/self/smaps")
+def test_mapping_asks_for_huge_pages(demo_path: Path) -> None:
+    """The model's mapping carries MADV_HUGEPAGE (smaps flag "hg"), so weights read from disk
+    through it come in as 2 MB pages where the kernel maps file pages that way."""
+    f = GGUFFile(demo_path)
+    try:
+        start = f.array(next(iter(f.tensors))).ctypes.data  # a tensor view lies in the mapping
+        flags = None
+        for block in re.split(r"\n(?=[0-9a-f]+-[0-9a-f]+ )", Path("/proc/self/smaps").read_text()):
+            lo, hi = (int(v, 16) for v in block.split(" ", 1)[0].split("-"))
+            if lo <= start < hi:
+                flags = next(ln for ln in block.splitlines() if ln.startswith("VmFlags:")).split()[1:]
+        assert flags is not None and "hg" in flags, flags
+    finally:
+        f.close()

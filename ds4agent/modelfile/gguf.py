@@ -300,6 +300,17 @@ class GGUFFile:
             self._mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
         finally:
             os.close(fd)
+        # Ask for 2 MB pages: a page fault that reads weights from disk into a mapping so advised
+        # brings them in as 2 MB folios, mapped with one TLB entry each (Linux with file THP).
+        # Measured on Linux 6.18/ext4 after dropping the 8.9 GB shape model from the cache:
+        # read back through an advised mapping, 100% of it was mapped with 2 MB pages; without
+        # the advice 99.5% (this kernel's readahead makes large folios anyway), and the pages a
+        # freshly written file left in the cache were 87%. Only advice: elsewhere a no-op.
+        if hasattr(mmap, "MADV_HUGEPAGE"):
+            try:
+                self._mm.madvise(mmap.MADV_HUGEPAGE)
+            except OSError:
+                pass
         try:
             self._parse()
         except Exception:
