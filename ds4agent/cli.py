@@ -599,6 +599,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     gen = sum(r.gen_tps for r in rows) / len(rows)
     print(f"ds4: {per_token / 1e9:.3f} GB of weights read per decoded token; at {gen:.2f} t/s that is "
           f"{per_token * gen / 1e9:.2f} GB/s{share(gen)}", file=sys.stderr)
+    note = benchmark.prefetch_note(engine)
+    if note:
+        print(f"ds4: CPU kernels' prefetch: {note}", file=sys.stderr)
     if args.plot:
         benchmark.plot(rows, args.plot, f"{engine.info.name} ({engine.info.backend}, {engine.info.kernels} kernels)")
     return 0

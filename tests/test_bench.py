@@ -13,6 +13,7 @@ from ds4agent.engine.state import payload_size
 def test_bench_csv(demo_path, tmp_path) -> None:
     out = tmp_path / "b.csv"
     env = {**os.environ, "DS4_MODEL": str(demo_path), "DS4_HOME": str(tmp_path)}
+    env.pop("DS4_PREFETCH", None)
     r = subprocess.run([sys.executable, "-m", "ds4agent", "bench", "--ctx-start", "32", "--ctx-max", "160",
                         "--step-mul", "2", "--gen-tokens", "3", "--backend", "cpu", "--csv", str(out)],
                        env=env, capture_output=True, text=True, timeout=300)
@@ -31,6 +32,8 @@ def test_bench_csv(demo_path, tmp_path) -> None:
     # the read probe first, and every line's share of it (the CPU backend)
     assert r.stderr.startswith("ds4: read bandwidth here: ") or "\nds4: read bandwidth here: " in r.stderr
     assert r.stderr.count("% of the read bandwidth)") == 4  # three frontiers and the summary
+    # and the prefetch distances the run used (the demo model is too small to measure them on)
+    assert "ds4: CPU kernels' prefetch: Q8_0 products 0 bytes ahead, experts 2 rows ahead (default)" in r.stderr
     bad = subprocess.run([sys.executable, "-m", "ds4agent", "bench", "--ctx-start", "100", "--ctx-max", "50"],
                          env=env, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--ctx-start" in bad.stderr

@@ -77,6 +77,17 @@ def read_probe(engine: Engine) -> float | None:
         return None
 
 
+def prefetch_note(engine: Engine) -> str | None:
+    """How far ahead the CPU kernels prefetch and where that came from (kernels/cpu_tune.py),
+    once a forward pass has settled it; None elsewhere."""
+    if engine.info.backend != "cpu" or engine.info.kernels not in ("cpu", "cpu-exact"):
+        return None
+    from .kernels import cpu_tune
+
+    p = cpu_tune.current()
+    return p.describe() if p else None
+
+
 def run(engine: Engine, ids: list[int], points: list[int], gen_tokens: int,
         progress: Callable[[int, int, Row], None] | None = None) -> list[Row]:
     s = engine.session()
