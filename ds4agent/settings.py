@@ -4,7 +4,8 @@ session store and the front ends, without loading numpy, gguf or MLX).
 
 Environment: DS4_HOME (the home folder, default ~/.ds4agent), DS4_SESSIONS (the session
 store), DS4_MODEL (the model file), DS4_KERNELS (kernel implementation), DS4_KERNEL_CHECK=0
-(skip the GPU kernels' self-check), DS4_THREADS and DS4_AMX=0 (CPU kernel tuning).
+(skip the GPU kernels' self-check), DS4_THREADS and DS4_AMX=0 (CPU kernel tuning; DS4_PREFETCH is
+read by engine/kernels/cpu_tune.py, which parses and reports it).
 
 The configured default model (`model = "..."` in ~/.ds4agent/config.toml) is read here; which
 model file runs is decided in modelfile/choice.py.
