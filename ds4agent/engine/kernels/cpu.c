@@ -118,13 +118,13 @@ void ds4_set_threads(int n) {
 #endif
 }
 
-/* Software prefetch distances, measured per machine (kernels/cpu.py tunes them once and
- * caches them; DS4_PREFETCH overrides): pf_q8 bytes ahead in the few-token Q8_0 kernel, where
- * a core streams one run of rows; pf_rows rows ahead in the expert kernels (at least 1). How
- * far ahead pays differs by machine: on 2 cores of an AMD EPYC VM the Q8_0 kernel ran best
- * with none (the hardware prefetchers kept up), on 2 cores of an Intel Xeon (Sapphire Rapids)
- * VM 2 KB ahead took the Flash output head from 26 to 29 GB/s and a 36 MB projection from 19
- * to 23, where 4 KB and more was slower again. */
+/* Software prefetch distances, measured per machine (kernels/cpu_tune.py measures them once
+ * and caches them; DS4_PREFETCH overrides): pf_q8 bytes ahead in the few-token Q8_0 and F16
+ * products, where a core streams one run of rows; pf_rows rows ahead in the expert kernels (at
+ * least 1). How far ahead pays differs by machine: on 2 cores of an AMD EPYC VM the Q8_0
+ * kernel ran best with none (the hardware prefetchers kept up), on 2 cores of an Intel Xeon VM
+ * (AVX-512, AMX) 2 KB ahead took the Flash output head from 26 to 29 GB/s and a 36 MB
+ * projection from 19 to 23, where 4 KB and more was slower again. */
 static int64_t pf_q8 = 0, pf_rows = 2;
 
 void ds4_set_prefetch(int64_t q8_bytes, int64_t expert_rows) {
@@ -885,8 +885,8 @@ static inline __attribute__((always_inline)) void q2_k_k(const uint8_t *w, const
  * per plane sums four groups, that is one 32-weight block, into each int32 lane, so a lane
  * meets its block scale ls with one multiply per two superblocks. The eight planes cost
  * about 50 instructions per 512 weights, where fetching eight-byte grid rows with scalar loads
- * and inserting them cost about 150 (37 -> 13.5 cycles per superblock on one Sapphire
- * Rapids core, hot in L2).
+ * and inserting them cost about 150 (37 -> 13.5 cycles per superblock on one core of an
+ * Intel Xeon VM, hot in L2; 14.4 with a product's per-row costs).
  *
  * Q2_K: the 64 quant bytes hold four 2-bit planes, plane j the weights 32j + l and
  * 128 + 32j + l; xp holds each plane's 64 activations side by side. Each 16-weight run (one

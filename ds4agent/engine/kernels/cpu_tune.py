@@ -3,7 +3,7 @@
 A decode step streams every dense matrix and the chosen experts' rows from memory once. How
 much a software prefetch ahead of the demand loads helps depends on the machine: on 2 cores
 of an AMD EPYC VM the few-token Q8_0 kernel ran best with none (the hardware prefetchers kept
-up), on 2 cores of an Intel Xeon (Sapphire Rapids) VM 2 KB ahead took the Flash output head
+up), on 2 cores of an Intel Xeon VM (AVX-512, AMX) 2 KB ahead took the Flash output head
 from 26 to 29 GB/s, and the expert kernels there ran best 1-2 rows ahead, a third slower at
 4. So the distances are measured on the machine, on the model's own tensors, at the first
 forward pass of a large enough model (about a second, once: opening a model reads no weights),
