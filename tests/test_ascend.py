@@ -412,26 +412,36 @@ def test_dynamic_quant_emulation_matches_an_independent_statement() -> None:
     assert np.array_equal(got, a.astype(np.int64) @ b.astype(np.int64).T)
 
 
-W8A8_BOUND = 0.08  # measured 0.040 on the demo model (docs/ascend.md, "W8A8")
+W8A8_BOUND = 0.08  # measured 0.034 median on the demo model (docs/ascend.md, "W8A8")
 
 
 def test_w8a8_accuracy_cost_measured(demo_path, torch_engine) -> None:
-    """W8A8 on the Q8_0 matrices against the exact path: relative logit difference and
-    greedy agreement over 12 tokens, printed (docs/ascend.md quotes them)."""
+    """W8A8 on the Q8_0 matrices against the exact path, teacher-forced on the exact path's 12
+    greedy tokens (free-running greedy decoding diverges at the first position where the exact
+    path's top two logits lie within the rounding, which on a random-weight model depends on
+    the machine's float order): the relative logit difference at each position, and where the
+    W8A8 path's top token ranks among the exact path's; printed (docs/ascend.md quotes them)."""
     ids = _prompt(150, 31)
+    b = torch_engine.session()
+    b.sync(ids)
+    greedy = _greedy(b, 12)
     with _open(demo_path, w8a8=True) as q:
         assert q.info.kernels.endswith("w8a8")
         assert any(isinstance(m, aweights.W8A8Matrix) for _, m in q._model.w._t.items())
-        a, b = q.session(), torch_engine.session()
+        a = q.session()
         a.sync(ids)
         b.sync(ids)
-        err = rel_err(a.logits, b.logits)
-        ga, gb = _greedy(a, 12), _greedy(b, 12)
-    same = sum(x == y for x, y in zip(ga, gb))
-    print(f"W8A8 cost: last-position logits rel. diff {err:.4f}, greedy tokens equal {same}/12 "
-          f"(first differs at {next((i for i, (x, y) in enumerate(zip(ga, gb)) if x != y), None)})")
-    assert 0 < err <= W8A8_BOUND
-    assert ga[:4] == gb[:4]
+        errs, ranks = [], []
+        for token in greedy:
+            exact = b.logits
+            errs.append(rel_err(a.logits, exact))
+            ranks.append(int((exact > exact[int(np.argmax(a.logits))]).sum()))  # 0: the same top token
+            a.eval(token)
+            b.eval(token)
+    print(f"W8A8 cost: logits rel. diff median {np.median(errs):.4f} (max {max(errs):.4f}), the same top token "
+          f"at {ranks.count(0)}/12 positions, W8A8's top token ranked {ranks} by the exact path")
+    assert 0 < np.median(errs) <= W8A8_BOUND
+    assert ranks.count(0) >= 8 and max(ranks) <= 2
 
 
 # -- the registry and the fused entries (stand-in torch_npu) --------------------------------------------

@@ -2476,11 +2476,7 @@ static int moe_by_rows(const moe_weights *mw, const float *X, int64_t T, int64_t
     if (!rc) {
 #pragma omp parallel
         {
-#ifdef _OPENMP
             const int64_t nt = omp_get_num_threads(), me = omp_get_thread_num();
-#else
-            const int64_t nt = 1, me = 0;
-#endif
             /* each expert's inputs gathered and quantised once, for gate and up */
 #pragma omp for schedule(static)
             for (int64_t c = 0; c < n_chosen; c++) {
