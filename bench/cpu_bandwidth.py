@@ -45,7 +45,7 @@ def main() -> None:
     from ds4agent.engine.kernels import cpu
 
     with Engine.open(a.model, backend="cpu", kernels="cpu-exact" if a.exact else "cpu", ctx=4096) as e:
-        k, f, cfg = e._model.k, e._file, e.info.config
+        k, f, cfg = e.model.k, e.file, e.info.config
         layer = cfg.n_layer - 1 if a.layer is None else a.layer
         big = max(f.tensors.values(), key=lambda t: t.nbytes)
         probe = cpu.read_bandwidth(f.array(big.name).view(np.uint8).reshape(-1)[: 1 << 30])

@@ -39,7 +39,7 @@ def worker(path: str, split: str, prompt: int, gen: int, out: str, kernels: str 
     from ds4agent.engine.distributed import follow, open_engine
 
     engine = open_engine(path, split, backend="cpu", ctx=prompt + gen + 16, kernels=kernels)
-    dist = engine.distributed
+    dist = engine.model
     link = dist.link
     # The Link's counters as each step begins: from one one-token step to the next is what a
     # decoded token moved on this rank (its step, and the next command passed on round the ring).

@@ -48,7 +48,7 @@ def main() -> None:
     print(f"open     {open_s:.2f} s, peak RSS after open {rss_open:.0f} MiB")
     print(f"prefill  {prefill:.1f} t/s ({a.prompt} tokens)")
     print(f"decode   {decode:.1f} t/s ({n} tokens)")
-    print(f"peak RSS {peak:.0f} MiB; weights materialised {engine._model.w.materialised_bytes() / 2**20:.0f} MiB")
+    print(f"peak RSS {peak:.0f} MiB; weights materialised {engine.model.w.materialised_bytes() / 2**20:.0f} MiB")
 
 
 if __name__ == "__main__":

@@ -236,7 +236,7 @@ def mlx_dispatches(demo_path: str, T: int, ctx: int) -> dict[tuple[int, bool], i
         return real_eval(*arrays)
 
     with Engine.open(demo_path, backend="cpu", kernels="reference", qat_sim=True, ctx=max(4 * ctx, 256)) as e:
-        m, cfg = e._model, e.info.config
+        m, cfg = e.model, e.info.config
         s = e.session()
         s.sync(list(range(1000, 1000 + ctx - T)))  # the state at the pass's start (reference kernels)
         m.k = Recorded(m.w, "metal", make=lambda **_: None)

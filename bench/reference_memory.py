@@ -101,14 +101,14 @@ def child(a: argparse.Namespace) -> None:
     stages["decode_s"] = time.perf_counter() - t
     time.sleep(0.01)
     stop.set()
-    w = e._model.w
+    w = e.model.w
     state_bytes = sum(x.nbytes for x in s._live.state.arrays())
     out = {
-        "layers": e.info.config.n_layer, "prompt": a.prompt, "gen": n, "file": e._file.file_size,
+        "layers": e.info.config.n_layer, "prompt": a.prompt, "gen": n, "file": e.file.file_size,
         "baseline_anon": base, "peak_anon": peaks["anon"], "peak_file": peaks["file"], "peak_rss": peaks["rss"],
         "vm_hwm": status()["VmHWM"], "mlx_peak": mx.get_peak_memory(), "materialised": w.materialised_bytes(),
-        "materialised_est": materialised_bytes(e._file, list(w._cache)), "touched": sorted(w._cache),
-        "dense_all_est": materialised_bytes(e._file, dense_names(e._file)), "state_bytes": state_bytes,
+        "materialised_est": materialised_bytes(e.file, list(w._cache)), "touched": sorted(w._cache),
+        "dense_all_est": materialised_bytes(e.file, dense_names(e.file)), "state_bytes": state_bytes,
         "total_s": time.perf_counter() - t0, **stages,
     }
     print(json.dumps(out))

@@ -19,8 +19,8 @@ def scenario(engine, out: str, single_blob: bytes | None) -> None:
     prompt = [int(t) for t in np.random.default_rng(0).integers(100, 5000, 13)]
     s.sync(prompt)
     rec["prefill"] = s.logits.copy()
-    dist = getattr(engine, "distributed", None)
-    if dist is not None:  # a pipeline had its chunks in flight on several stages at once
+    dist = engine.model
+    if hasattr(dist, "most_in_flight"):  # a group: a pipeline had its chunks in flight on several stages at once
         rec["in_flight"] = np.array(dist.most_in_flight)
     v = engine.session(ctx=256)  # a prefill interrupted after its first chunk, then resumed
     v.prefill_chunk = 5
@@ -77,14 +77,14 @@ def main() -> int:
     if os.environ.get("DS4_TEST_VERSION") and rank == 1:  # another ds4agent version on rank 1
         distributed.__version__ = os.environ["DS4_TEST_VERSION"]
     engine = open_engine(path, split, backend="cpu", kernels=kernels)
-    socks = engine.distributed.link._socks  # the ring's own sockets: one to each side, found once
+    socks = engine.model.link._socks  # the ring's own sockets: one to each side, found once
     if socks is None or (len(socks["left"]), len(socks["right"])) != (1, 1):
         print(f"rank {rank}: ring sockets found: {socks and {k: len(v) for k, v in socks.items()}}", file=sys.stderr)
         return 3
     spy = os.environ.get("DS4_TEST_SPY")
     touched = _spy(engine) if spy else None
     try:
-        if engine.distributed.rank != 0:
+        if engine.model.rank != 0:
             return follow(engine)
         try:
             scenario(engine, out, open(single, "rb").read() if single else None)
@@ -102,8 +102,8 @@ def main() -> int:
 def _spy(engine) -> dict[str, set]:
     """Record, from now on, every tensor this rank reads out of its mmap and every routed
     expert its kernels compute (the pages it touches are those tensors', those experts' rows)."""
-    dist = engine.distributed
-    f, k = engine._file, dist.model.k
+    dist = engine.model
+    f, k = engine.file, dist.model.k
     touched: dict[str, set] = {"tensors": set(), "experts": set()}
     real_array, real_raw, real_experts = f.array, f.raw, k.experts
 

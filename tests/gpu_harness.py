@@ -73,8 +73,8 @@ def launches_of(path, backend: str = "cuda") -> list:
 
     calls: list = []
     with Engine.open(path, backend="cpu", kernels="reference") as e:
-        k = Recording(e._model.w, backend, calls)
-        cfg, f = e.info.config, e._file
+        k = Recording(e.model.w, backend, calls)
+        cfg, f = e.info.config, e.file
         rng = np.random.default_rng(0)
         for T in TOKEN_COUNTS:
             for name, t in f.tensors.items():

@@ -90,7 +90,7 @@ def test_q8_matrix_and_packed_experts_dequantise_exactly(demo_path) -> None:
     from ds4agent.modelfile.gguf import GGUFFile
 
     with _open(demo_path) as e, GGUFFile(demo_path) as f:
-        w = e._model.w
+        w = e.model.w
         name = "blk.0.attn_q_a.weight"
         want = gguf_dequantize(np.ascontiguousarray(f.array(name)), f.tensors[name].type).reshape(f.tensors[name].shape)
         assert same_bits(w.matrix(name).dequantized().numpy(), want.astype(np.float32))
@@ -332,7 +332,7 @@ def test_session_store_round_trip_on_torch(demo_path, tmp_path) -> None:
 def test_two_devices_same_results_one_move_per_boundary(demo_path, torch_engine) -> None:
     ids = _prompt(150, 4)
     with _open(demo_path, devices="cpu,cpu,cpu") as e:
-        m = e._model
+        m = e.model
         assert len(e.info.devices) == 3
         assert [s.layers for s in m.w.stages] == [range(0, 2), range(2, 4), range(4, 6)] or \
             sorted(i for s in m.w.stages for i in s.layers) == list(range(6))
@@ -427,7 +427,7 @@ def test_w8a8_accuracy_cost_measured(demo_path, torch_engine) -> None:
     greedy = _greedy(b, 12)
     with _open(demo_path, w8a8=True) as q:
         assert q.info.kernels.endswith("w8a8")
-        assert any(isinstance(m, aweights.W8A8Matrix) for _, m in q._model.w._t.items())
+        assert any(isinstance(m, aweights.W8A8Matrix) for _, m in q.model.w._t.items())
         a = q.session()
         a.sync(ids)
         b.sync(ids)
@@ -465,7 +465,7 @@ def test_fused_entries_map_their_arguments(standin_engine, torch_engine) -> None
     (within the float16 rounding those ops compute in), and the whole model then gives the
     plain engine's answer."""
     e, npu = standin_engine()
-    reg = e._model.reg
+    reg = e.model.reg
     assert e.info.kernel_note is None, e.info.kernel_note
     # every entry but W8A8's (a W8A8 engine: below) is used on the demo
     assert set(reg.fused) == {"linear_q8", "linear_w8a8", "rms_norm", "route", "experts", "attend", "index_select",
@@ -491,9 +491,9 @@ def test_open_time_check_refuses_a_wrong_fused_op(standin_engine, torch_engine, 
     e, _ = standin_engine(bug)
     op = {"route_lowest": "route", "gmm_untransposed": "experts", "wq_no_scale": "linear_q8",
           "indexer_raises": "index_select", "norm_no_gamma": "rms_norm"}[bug]
-    assert op not in e._model.reg.fused
+    assert op not in e.model.reg.fused
     assert e.info.kernel_note and op in e.info.kernel_note and "\n" not in e.info.kernel_note
-    assert any(line.startswith(op) and "refused" in line for line in e._model.reg.report())
+    assert any(line.startswith(op) and "refused" in line for line in e.model.reg.report())
     s, p = e.session(), torch_engine.session()
     ids = _prompt(40, 2)
     s.sync(ids)
@@ -504,7 +504,7 @@ def test_open_time_check_refuses_a_wrong_fused_op(standin_engine, torch_engine, 
 
 def test_w8a8_fused_entry_maps_its_arguments(standin_engine) -> None:
     e, npu = standin_engine(w8a8=True)
-    assert "linear_w8a8" in e._model.reg.fused
+    assert "linear_w8a8" in e.model.reg.fused
     with _open(e.info.path, w8a8=True) as plain_e:
         ids = _prompt(40, 3)
         a, b = e.session(), plain_e.session()

@@ -76,8 +76,8 @@ def test_save_new_switch_restores_with_zero_prefill(engine, tmp_path, monkeypatc
     first = next(i for i in infos if i.title == "First topic")
     text_before = conv.transcript.text
     calls = []
-    real = engine._model.forward
-    monkeypatch.setattr(engine._model, "forward", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = engine.model.forward
+    monkeypatch.setattr(engine.model, "forward", lambda *a, **k: calls.append(1) or real(*a, **k))
     run_pipe(conv, store, io.StringIO(f"/switch {first.sha[:10]}\n"), out, err)
     assert calls == []  # switching evaluated nothing
     assert [m["content"] for m in conv.messages if m["role"] == "user"] == ["First topic", "More on it"]
@@ -218,8 +218,8 @@ def test_terminal_session_commands_through_prompt_toolkit(engine, tmp_path, monk
     assert first.title == "Turn one"
 
     calls = []
-    real = engine._model.forward
-    monkeypatch.setattr(engine._model, "forward", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = engine.model.forward
+    monkeypatch.setattr(engine.model, "forward", lambda *a, **k: calls.append(1) or real(*a, **k))
     conv2 = _conv(engine, "chat", n=5)
     out2 = io.StringIO()
     with create_pipe_input() as inp:

@@ -81,10 +81,10 @@ def test_resident_bytes_are_the_plan(demo_path) -> None:
     from gpu_harness import harness_make
 
     with Engine.open(demo_path, backend="cpu", ctx=512, kernels="reference", qat_sim=False) as e:
-        k = e._model.k = gpu.GpuKernels(e._model.w, "cuda", make=harness_make("cuda"))
+        k = e.model.k = gpu.GpuKernels(e.model.w, "cuda", make=harness_make("cuda"))
         s = e.session()
         s.sync(list(range(1000, 1100)))
         list(s.generate(SamplingParams(temperature=0), max_tokens=2, stop_at_eos=False))
-        r = resident.plan(e._file, e.info.config, 512)
-        small = sum(t.nbytes for n, t in e._file.tensors.items() if len(t.shape) == 1 or "_ape." in n)
+        r = resident.plan(e.file, e.info.config, 512)
+        small = sum(t.nbytes for n, t in e.file.tensors.items() if len(t.shape) == 1 or "_ape." in n)
         assert k.resident.nbytes() + small == r.dense + r.experts

@@ -113,7 +113,7 @@ def test_engine_launches_are_among_the_enumerated(demo_path) -> None:
     a prefill (40 tokens), a short suffix (a 5-token product) and greedy decoding."""
     calls: list = []
     with Engine.open(demo_path, backend="cpu", kernels="reference", qat_sim=False) as e:
-        e._model.k = gpu.GpuKernels(e._model.w, "cuda", make=harness_make("cuda", calls))
+        e.model.k = gpu.GpuKernels(e.model.w, "cuda", make=harness_make("cuda", calls))
         s = e.session()
         ids = np.random.default_rng(3).integers(1000, 120000, 40).tolist()
         s.sync(ids)

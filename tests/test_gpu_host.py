@@ -52,7 +52,7 @@ def test_selected_by_flag_and_environment(demo_path, monkeypatch, capsys) -> Non
     from ds4agent.cli import main
 
     with Engine.open(demo_path, backend="cpu", kernels="gpu-host") as e:
-        assert isinstance(e._model.k, HostGpuKernels) and e.info.kernel_check.refused == {}
+        assert isinstance(e.model.k, HostGpuKernels) and e.info.kernel_check.refused == {}
         assert {r.op for r in e.info.kernel_check.results} == {"linear", "linears", "grouped", "experts", "attend", "hc_pre"}
     monkeypatch.setenv("DS4_KERNELS", "gpu-host")
     with Engine.open(demo_path, backend="cpu") as e:

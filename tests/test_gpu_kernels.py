@@ -107,7 +107,7 @@ def test_hyper_connection_mix(demo_path, T: int) -> None:
     from ds4agent.engine import ops
 
     with Engine.open(demo_path, backend="cpu", kernels="reference") as e:
-        w, cfg = e._model.w, e.info.config
+        w, cfg = e.model.w, e.info.config
         X = np.random.default_rng(T).normal(size=(T, cfg.hc_count, cfg.n_embd)).astype(np.float32)
         mix = np.random.default_rng(T + 1).normal(size=(T, (2 + cfg.hc_count) * cfg.hc_count)).astype(np.float32)
         scale = np.array(w.get("blk.1.hc_ffn_scale.weight"), np.float32)
@@ -179,7 +179,7 @@ def test_fused_experts_on_demo(demo_path, layer: int, T: int) -> None:
     """gate/up partials, SwiGLU, down partials, the per-token sum (tiles of 1 to 8 of an
     expert's tokens) equal the reference expert FFN; clamping happens."""
     with Engine.open(demo_path, backend="cpu", kernels="reference") as e:
-        f, w = e._file, e._model.w
+        f, w = e.file, e.model.w
         p = f"blk.{layer}.ffn_"
         tg, td = f.tensors[p + "gate_exps.weight"], f.tensors[p + "down_exps.weight"]
         n_exp, F, E, k = tg.shape[0], tg.shape[1], tg.shape[2], 2
@@ -273,9 +273,9 @@ def test_gpu_kernels_refuse_cpu_only_mlx(demo_path) -> None:
         if not (hasattr(mx, "cuda") and mx.cuda.is_available()):
             # Construction compiles the first kernel, so a missing toolchain fails at open.
             with pytest.raises((RuntimeError, ValueError), match="CUDA"):
-                gpu.GpuKernels(e._model.w, "cuda")
+                gpu.GpuKernels(e.model.w, "cuda")
         with pytest.raises(ValueError, match="no GPU kernels for backend 'tpu'"):
-            gpu.GpuKernels(e._model.w, "tpu")
+            gpu.GpuKernels(e.model.w, "tpu")
 
 
 @pytest.mark.parametrize("T", [1, 9])

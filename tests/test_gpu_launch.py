@@ -50,14 +50,14 @@ def _np(a: mx.array) -> np.ndarray:
 
 @pytest.mark.parametrize("T", [1, 3, 64])
 def test_matmul_launch_matches_reference(engines, T: int) -> None:
-    ours, ref = (e._model.k for e in engines)
+    ours, ref = (e.model.k for e in engines)
     rng = np.random.default_rng(T)
     for name in ("output.weight", "blk.0.attn_q_b.weight", "blk.1.attn_output_a.weight",
                  "blk.0.ffn_gate_shexp.weight", "blk.0.hc_attn_fn.weight", "blk.0.ffn_gate_inp.weight"):
-        n = engines[0]._file.tensors[name].shape[-1]
+        n = engines[0].file.tensors[name].shape[-1]
         x = mx.array(rng.normal(size=(T, n)).astype(np.float32))
         assert rel_err(_np(ours.linear(x, name)), _np(ref.linear(x, name))) <= 1e-5, name
-    x = mx.array(rng.normal(size=(T, engines[0]._file.tensors["output.weight"].shape[-1])).astype(np.float32))
+    x = mx.array(rng.normal(size=(T, engines[0].file.tensors["output.weight"].shape[-1])).astype(np.float32))
     assert rel_err(_np(ours.linear(x, "output.weight", (7, 300))), _np(ref.linear(x, "output.weight", (7, 300)))) <= 1e-5
     x = x[:, 32:96]
     assert rel_err(_np(ours.linear(x, "output.weight", None, (32, 96))),
@@ -67,8 +67,8 @@ def test_matmul_launch_matches_reference(engines, T: int) -> None:
 @pytest.mark.parametrize("T", [1, 4, 64])
 @pytest.mark.parametrize("layer", [0, 3])
 def test_experts_launch_matches_reference(engines, layer: int, T: int) -> None:
-    ours, ref = (e._model.k for e in engines)
-    t = engines[0]._file.tensors[f"blk.{layer}.ffn_gate_exps.weight"]
+    ours, ref = (e.model.k for e in engines)
+    t = engines[0].file.tensors[f"blk.{layer}.ffn_gate_exps.weight"]
     E, n_exp = t.shape[2], t.shape[0]
     rng = np.random.default_rng(layer + T)
     x = mx.array((rng.normal(size=(T, E)) * 2).astype(np.float32))
@@ -79,7 +79,7 @@ def test_experts_launch_matches_reference(engines, layer: int, T: int) -> None:
 
 
 def test_decode_attention_launch_matches_reference(engines) -> None:
-    ours, ref = (e._model.k for e in engines)
+    ours, ref = (e.model.k for e in engines)
     rng = np.random.default_rng(0)
     H, N, D = 8, 300, 512
     q = mx.array(rng.normal(size=(H, 1, D)).astype(np.float32))
@@ -92,7 +92,7 @@ def test_decode_attention_launch_matches_reference(engines) -> None:
 def test_experts_launch_at_flash_dimensions(engines) -> None:
     """Hidden 4096, expert width 2048, IQ2_XXS gate/up and Q2_K down on random blocks for 8
     experts, through the launched kernels, against float64 on gguf's dequantisation."""
-    kern = engines[0]._model.k
+    kern = engines[0].model.k
     c = flash_experts_case()
     E, F = c["E"], c["F"]
     plan = gpu.expert_plan(c["sel"], 8)

@@ -52,11 +52,11 @@ def test_the_paper_model_lists_the_engines_launches(demo_path, T: int, start: in
         s = e.session()
         if start:
             s.sync(list(range(1000, 1000 + start)))
-        rec = e._model.k = Recorder(e._model.w)
+        rec = e.model.k = Recorder(e.model.w)
         state = s._live.state.fork()
-        e._model.forward(np.arange(T) + 3000, state)
+        e.model.forward(np.arange(T) + 3000, state)
         choices = iter(rec.choices)
-        want = gpu_model.launches(e._file, e.info.config, T, start + T, lambda layer, n: next(choices))
+        want = gpu_model.launches(e.file, e.info.config, T, start + T, lambda layer, n: next(choices))
     assert [_key(la) for la in rec.launches] == [_key(la) for _, la in want]
 
 
@@ -94,10 +94,10 @@ def test_a_decode_session_matches_its_launch_count(demo_path) -> None:
 
     calls: list = []
     with Engine.open(demo_path, backend="cpu", kernels="reference", ctx=512, qat_sim=False) as e:
-        e._model.k = gpu.GpuKernels(e._model.w, "cuda", make=harness_make("cuda", calls))
+        e.model.k = gpu.GpuKernels(e.model.w, "cuda", make=harness_make("cuda", calls))
         s = e.session()
         s.sync(list(range(1000, 1020)))
         calls.clear()
         s.eval(4242)
-        n = len(gpu_model.launches(e._file, e.info.config, 1, 21, gpu_model.uniform_route(e.info.config)))
+        n = len(gpu_model.launches(e.file, e.info.config, 1, 21, gpu_model.uniform_route(e.info.config)))
     assert len(calls) == n

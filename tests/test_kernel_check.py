@@ -16,6 +16,7 @@ from gpu_harness import harness_make
 from helpers import rel_err
 
 from ds4agent.engine import Engine, SamplingParams
+from ds4agent.engine.engine import mlx_parts
 from ds4agent.engine.kernels import check, gpu, select
 from ds4agent.engine.kernels.cpu import CpuKernels
 from ds4agent.engine.kernels.reference import ReferenceKernels
@@ -35,7 +36,7 @@ class HarnessGpu(gpu.GpuKernels):
 @pytest.fixture
 def weights(demo_path):
     with Engine.open(demo_path, backend="cpu", kernels="reference") as e:
-        yield e._model.w
+        yield e.model.w
 
 
 def _engine(path, kernels: str, qat_sim: bool = False) -> Engine:
@@ -44,7 +45,7 @@ def _engine(path, kernels: str, qat_sim: bool = False) -> Engine:
     f = GGUFFile(path)
     cfg = config_from_gguf(f)
     backend = "cpu" if kernels in ("reference", "cpu", "cpu-exact") else kernels
-    return Engine(f, cfg, Tokenizer.from_gguf(f), backend, 4096, qat_sim, False, kernels)
+    return Engine(mlx_parts(f, cfg, Tokenizer.from_gguf(f), backend, 4096, qat_sim, False, kernels))
 
 
 def _run(engine: Engine) -> tuple[np.ndarray, list[int]]:
@@ -224,11 +225,11 @@ def test_a_refused_operation_of_numpy_kernels_is_bridged(demo_path, weights) -> 
     with Engine.open(demo_path, backend="cpu", kernels="reference", qat_sim=False) as ref, \
             Engine.open(demo_path, backend="cpu", kernels="cpu-exact", qat_sim=False) as e:
         want, want_toks = _run(ref)
-        k = Wrong(e._model.w, exact=True)
-        r = check.self_check(k, ReferenceKernels(e._model.w), e._model.w)
+        k = Wrong(e.model.w, exact=True)
+        r = check.self_check(k, ReferenceKernels(e.model.w), e.model.w)
         assert set(r.refused) == {"hc_post"}
-        check.refuse(k, ReferenceKernels(e._model.w), r)
-        e._model.k = k
+        check.refuse(k, ReferenceKernels(e.model.w), r)
+        e.model.k = k
         got, toks = _run(e)
     assert toks == want_toks and rel_err(got, want) <= 1e-4
 
@@ -282,8 +283,8 @@ def test_the_probes_launch_every_instantiation_the_engine_can(request, model: st
     path = request.getfixturevalue(model)
     calls: list = []
     with Engine.open(path, backend="cpu", kernels="reference") as e:
-        k = Recording(e._model.w, "metal", calls)
+        k = Recording(e.model.w, "metal", calls)
         for op in ("linear", "linears", "grouped", "experts", "attend", "hc_pre"):
-            for _, args in check._probe_cases(e._model.w)[op]:
+            for _, args in check._probe_cases(e.model.w)[op]:
                 getattr(k, op)(*check._in(mx, op, args))
     assert {instance_key(c) for c in calls} == {instance_key(c) for c in launches_of(path, "metal")}

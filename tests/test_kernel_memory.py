@@ -92,10 +92,10 @@ def _session(e: Engine) -> None:
 def test_reference_path(demo_path, monkeypatch) -> None:
     spy = Spy(monkeypatch)
     with Engine.open(demo_path, backend="cpu", ctx=256, kernels="reference") as e:
-        spy.watch(e._model.k)
+        spy.watch(e.model.k)
         _session(e)
-        spy.check(e._file, e.info.config, 0)
-        assert e._model.w.materialised_bytes() < 64 * 2**20
+        spy.check(e.file, e.info.config, 0)
+        assert e.model.w.materialised_bytes() < 64 * 2**20
 
 
 @pytest.mark.parametrize("kernels", ["gpu-host", "kquant"])
@@ -110,11 +110,11 @@ def test_gpu_kernels_dequantise_nothing(demo_path, monkeypatch, kernels: str) ->
         spy.calls.clear()
         spy.dequantised.clear()
         spy.got.clear()  # the self-check's reference side at open
-        spy.watch(e._model.k)
+        spy.watch(e.model.k)
         _session(e)
         assert spy.dequantised == [] and {T for _, _, T in spy.calls} >= {1, 3, 30}
         assert all(not dq for _, dq, _ in spy.calls)
-        f = e._file
+        f = e.file
         assert not [n for n in spy.got if "_exps." in n or n == "token_embd.weight"]
         assert not [n for n in spy.got if f.tensors[n].type_name == "Q8_0"]  # no QMatrix beside the raw bytes
 
@@ -125,15 +125,15 @@ def test_gpu_kernels_hold_the_raw_bytes_once(demo_path) -> None:
     from gpu_harness import harness_make
 
     with Engine.open(demo_path, backend="cpu", ctx=256, kernels="reference") as e:
-        k = e._model.k = gpu.GpuKernels(e._model.w, "cuda", make=harness_make("cuda"))
+        k = e.model.k = gpu.GpuKernels(e.model.w, "cuda", make=harness_make("cuda"))
         _session(e)
         names = k.resident.names()
         assert any("_exps." in n for n in names) and "output.weight" in names and "token_embd.weight" not in names
         for n in names:
             a = k.resident.get(n)
-            assert str(a.dtype) == "mlx.core.uint8" and a.size == e._file.tensors[n].nbytes
-        assert k.resident.nbytes() == sum(e._file.tensors[n].nbytes for n in names)
-        assert e._model.w.materialised_bytes() < 2**20  # norms, scales, sinks: nothing else
+            assert str(a.dtype) == "mlx.core.uint8" and a.size == e.file.tensors[n].nbytes
+        assert k.resident.nbytes() == sum(e.file.tensors[n].nbytes for n in names)
+        assert e.model.w.materialised_bytes() < 2**20  # norms, scales, sinks: nothing else
 
 
 def test_refused_expert_kernel_holds_nothing_of_the_experts(demo_path, monkeypatch) -> None:
@@ -144,13 +144,13 @@ def test_refused_expert_kernel_holds_nothing_of_the_experts(demo_path, monkeypat
     assert BUGS["wrong"][2] == ("experts",)
     spy = Spy(monkeypatch)
     with _engine(demo_path, "cuda") as e:
-        k = e._model.k
+        k = e.model.k
         assert set(e.info.kernel_check.refused) == {"experts"}
         spy.calls.clear()
         spy.dequantised.clear()  # the check's probes at open (one layer's selected experts)
         spy.watch(k)
         _session(e)
-        spy.check(e._file, e.info.config, 0)
+        spy.check(e.file, e.info.config, 0)
         assert not [n for n in k.resident.names() if "_exps." in n]
 
 
@@ -180,7 +180,7 @@ def test_reference_attention_in_blocks_is_the_same(demo_path, monkeypatch) -> No
     whole = np.array(attend_mx(q, keys, mask, sinks))
     monkeypatch.setattr(reference, "ATTEND_BLOCK_BYTES", 4 * H * N * 5)  # blocks of 5 queries
     with Engine.open(demo_path, backend="cpu", ctx=256, kernels="reference") as e:
-        blocked = np.array(ReferenceKernels(e._model.w).attend(q, keys, mask, sinks))
+        blocked = np.array(ReferenceKernels(e.model.w).attend(q, keys, mask, sinks))
         assert rel_err(blocked, whole) <= 1e-6
         s = e.session()
         ids = np.random.default_rng(2).integers(1000, 120000, 150).tolist()

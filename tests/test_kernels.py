@@ -206,8 +206,8 @@ def test_expert_formats_few_tokens_do_not_depend_on_the_batch(qtype: Q) -> None:
 def test_demo_tensors_through_matmul(demo_path) -> None:
     """Every weight matrix type of the demo through the kernel equals the MLX reference's product."""
     with Engine.open(demo_path, backend="cpu", kernels="reference") as e:
-        ref = ReferenceKernels(e._model.w)
-        ours = cpu.CpuKernels(e._model.w, exact=True)  # float activations: equal to rounding
+        ref = ReferenceKernels(e.model.w)
+        ours = cpu.CpuKernels(e.model.w, exact=True)  # float activations: equal to rounding
         x = mx.array(np.random.default_rng(0).normal(size=(3, 256)).astype(np.float32))
         for name in ("blk.0.attn_q_a.weight", "blk.2.attn_kv.weight", "blk.2.attn_compressor_kv.weight",
                      "blk.2.indexer.proj.weight", "blk.3.ffn_gate_inp.weight", "output.weight"):
@@ -225,7 +225,7 @@ def test_demo_tensors_through_matmul(demo_path) -> None:
             b = np.array(ref.grouped(xg, "blk.1.attn_output_a.weight"))
             assert a.shape == (T, cfg.n_out_group * cfg.o_lora_rank)
             assert np.abs(a - b).max() <= 1e-5 * np.abs(b).max()
-            c = np.array(cpu.CpuKernels(e._model.w).grouped(xg, "blk.1.attn_output_a.weight"))  # 8-bit path
+            c = np.array(cpu.CpuKernels(e.model.w).grouped(xg, "blk.1.attn_output_a.weight"))  # 8-bit path
             assert np.abs(c - b).max() <= 2e-2 * np.abs(b).max()
 
 
@@ -236,17 +236,17 @@ def test_linears_equal_separate_products(demo_path, T: int) -> None:
     names = ("blk.2.attn_q_a.weight", "blk.2.attn_kv.weight", "blk.2.attn_compressor_kv.weight",
              "blk.2.indexer.proj.weight", "blk.2.ffn_gate_inp.weight")
     with Engine.open(demo_path, backend="cpu", kernels="reference") as e:
-        types = {e._model.w.file.tensors[n].type for n in names}
+        types = {e.model.w.file.tensors[n].type for n in names}
         assert {Q.Q8_0, Q.F16} <= types
         x = np.random.default_rng(T).normal(size=(T, 256)).astype(np.float32)
         for exact in (True, False):
-            k = cpu.CpuKernels(e._model.w, exact=exact)
+            k = cpu.CpuKernels(e.model.w, exact=exact)
             many = k.linears(x, names)
             for name, y in zip(names, many):
-                assert y.shape == (T, e._model.w.file.tensors[name].shape[0])
+                assert y.shape == (T, e.model.w.file.tensors[name].shape[0])
                 assert np.array_equal(y, k.linear(x, name)), name
-            assert [np.array(a).tolist() for a in ReferenceKernels(e._model.w).linears(mx.array(x), names[:2])] == \
-                   [np.array(ReferenceKernels(e._model.w).linear(mx.array(x), n)).tolist() for n in names[:2]]
+            assert [np.array(a).tolist() for a in ReferenceKernels(e.model.w).linears(mx.array(x), names[:2])] == \
+                   [np.array(ReferenceKernels(e.model.w).linear(mx.array(x), n)).tolist() for n in names[:2]]
         with pytest.raises(ValueError, match="different input widths"):
             k.linears(x, ("blk.2.attn_q_a.weight", "blk.2.attn_q_b.weight"))
 
@@ -260,7 +260,7 @@ def test_fused_experts_match_reference(demo_path, T: int, exact: bool) -> None:
     tokens per expert one scale covers 256 values (a step of max|x|/254 over the whole row
     here), which measured up to 2.8% of the largest output over 24 draws (per-32 scales: 1.9%)."""
     with Engine.open(demo_path, backend="cpu", kernels="reference") as e:
-        w = e._model.w
+        w = e.model.w
         rng = np.random.default_rng(T)
         x = mx.array(rng.normal(size=(T, 256)).astype(np.float32) * 3)
         sel = np.stack([rng.choice(16, size=2, replace=False) for _ in range(T)]).astype(np.int64)
@@ -277,7 +277,7 @@ def test_fused_experts_match_reference(demo_path, T: int, exact: bool) -> None:
 def test_fused_experts_clamp_is_applied(demo_path) -> None:
     """A small clamp changes the result exactly as the reference's clamped SwiGLU does."""
     with Engine.open(demo_path, backend="cpu", kernels="reference") as e:
-        w = e._model.w
+        w = e.model.w
         x = mx.array(np.random.default_rng(2).normal(size=(4, 256)).astype(np.float32) * 50)
         sel = np.array([[0, 1], [2, 3], [0, 5], [7, 1]])
         weights = mx.ones((4, 2))
@@ -378,9 +378,9 @@ def test_integer_path_error_in_a_real_decode(demo_path) -> None:
     perturbation about thirty-fold per forward pass (float32 reordering alone moves its
     logits by 3e-6), so they would measure the model, not the kernels."""
     with Engine.open(demo_path, backend="cpu", ctx=1024, qat_sim=False, kernels="cpu") as e:
-        k = e._model.k
+        k = e.model.k
         assert k.int8
-        exact = cpu.CpuKernels(e._model.w, exact=True)
+        exact = cpu.CpuKernels(e.model.w, exact=True)
         seen: dict[str, float] = {}
         inner, inner_many = k.linear, k.linears
 
@@ -403,7 +403,7 @@ def test_integer_path_error_in_a_real_decode(demo_path) -> None:
         s.sync([5, 6, 7])
         for tok in np.random.default_rng(3).integers(0, 128000, 40).tolist():
             s.eval(tok)
-        quantised = {n for n in seen if e._model.w.file.tensors[n].type not in (Q.F16, Q.F32)}
+        quantised = {n for n in seen if e.model.w.file.tensors[n].type not in (Q.F16, Q.F32)}
         assert {"output.weight", "blk.0.attn_q_b.weight", "blk.5.ffn_down_shexp.weight"} <= quantised
         assert max(seen[n] for n in quantised) <= 2e-2
         assert min(seen[n] for n in quantised) > 0  # the rounding is real, so the path ran
@@ -639,11 +639,11 @@ def test_query_and_output_layouts_match_reference(demo_path, T: int) -> None:
     output projection) in cpu.c against the MLX reference; the grouped product reads the
     result without a copy."""
     with Engine.open(demo_path, backend="cpu", kernels="reference") as e:
-        cfg, w = e.info.config, e._model.w
+        cfg, w = e.info.config, e.model.w
         ref, ours = ReferenceKernels(w), cpu.CpuKernels(w, exact=True)
         rng = np.random.default_rng(T)
         pos = np.arange(100, 100 + T)
-        cos, sin = e._model.rope.tables(pos, True, np)
+        cos, sin = e.model.rope.tables(pos, True, np)
         x = (rng.normal(size=(T, cfg.n_head * cfg.head_dim)) * 4).astype(np.float32)
         a, b = ours.queries(x, cos, sin), np.array(ref.queries(mx.array(x), mx.array(cos), mx.array(sin)))
         assert a.shape == (cfg.n_head, T, cfg.head_dim) and np.abs(a - b).max() <= 1e-6 * np.abs(b).max()

@@ -57,8 +57,8 @@ def engines(demo_path, request):
 def test_dense_products(engines, T: int) -> None:
     """Every Q8_0 matrix kind of the demo model, whole, a row range and a column range; F16
     matrices go to MLX (the reference's own product)."""
-    ours, ref = (e._model.k for e in engines)
-    f = engines[0]._file
+    ours, ref = (e.model.k for e in engines)
+    f = engines[0].file
     rng = np.random.default_rng(T)
     for name in ("output.weight", "blk.0.attn_q_b.weight", "blk.1.attn_output_a.weight", "blk.2.ffn_down_shexp.weight",
                  "blk.0.ffn_gate_inp.weight"):
@@ -73,7 +73,7 @@ def test_dense_products(engines, T: int) -> None:
 @pytest.mark.parametrize("T", [1, 4, 40])
 @pytest.mark.parametrize("layer", [0, 3])
 def test_routed_experts(engines, layer: int, T: int) -> None:
-    ours, ref = (e._model.k for e in engines)
+    ours, ref = (e.model.k for e in engines)
     rng = np.random.default_rng(layer + T)
     x = mx.array((rng.normal(size=(T, 256)) * 2).astype(np.float32))
     sel = np.stack([rng.choice(16, size=2, replace=False) for _ in range(T)])
@@ -112,7 +112,7 @@ def test_a_forgotten_routing_weight_is_outside_the_tolerance(engines, reference_
     """The bounds above are not so loose that a real error passes."""
     from ds4agent.engine.kernels import kquant
 
-    k = engines[0]._model.k
+    k = engines[0].model.k
     real = kquant.KquantKernels.experts
     monkeypatch.setattr(k, "experts", lambda layer, x, sel, w, clamp: real(k, layer, x, sel, mx.ones_like(w), clamp))
     got = _teacher_forced(engines[0], 64)
@@ -124,7 +124,7 @@ def test_self_check_and_its_tolerance(engines) -> None:
     """Checked at open (engine fixture: nothing refused), with the bfloat16 tolerances; the
     same check with the float32 default tolerance refuses the products (so the tolerances are
     what admits them, and the measured errors are where the docstring says)."""
-    k, w = engines[0]._model.k, engines[0]._model.w
+    k, w = engines[0].model.k, engines[0].model.w
     r = engines[0].info.kernel_check
     errs = {op: max(c.err for c in r.results if c.op == op) for op in ("linear", "experts")}
     assert 5e-4 < errs["linear"] <= 5e-3 and 5e-4 < errs["experts"] <= 1e-2, errs
@@ -150,7 +150,7 @@ def test_not_installed_is_one_line(demo_path, monkeypatch) -> None:
 
     with Engine.open(demo_path, backend="cpu", kernels="reference") as e:
         with pytest.raises(KernelError, match="kquant kernels need the metal or cpu backend"):
-            select("cuda", e._model.w, "kquant")
+            select("cuda", e.model.w, "kquant")
 
 
 def test_choose_takes_the_correct_and_faster(demo_path, monkeypatch) -> None:
@@ -162,7 +162,7 @@ def test_choose_takes_the_correct_and_faster(demo_path, monkeypatch) -> None:
     from ds4agent.engine.kernels.kquant import KquantKernels
 
     with Engine.open(demo_path, backend="cpu", kernels="reference") as e:
-        w = e._model.w
+        w = e.model.w
         times = {"gpu-host": 0.5, "kquant": 0.2}
         monkeypatch.setattr(check, "timing", lambda c, _w: times[c.name])
         chosen, note = check.choose([HostGpuKernels(w), KquantKernels(w)], w)

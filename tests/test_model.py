@@ -166,7 +166,7 @@ def test_compiled_graph_equals_eager(demo_path, monkeypatch) -> None:
 
     def run() -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
         with Engine.open(demo_path, backend="cpu", ctx=1024, kernels="reference") as e:
-            assert e._model.xp is mx
+            assert e.model.xp is mx
             s = e.session()
             s.prefill_chunk = 96
             s.sync(_prompt(300, 12))

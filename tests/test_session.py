@@ -85,12 +85,12 @@ def test_experts_are_gathered_not_materialised(demo_path, monkeypatch) -> None:
         s = e.session()
         s.sync([11, 22, 33])
         cfg = e.info.config
-        per_expert = {(cfg.expert_ff, e._file.tensors["blk.0.ffn_gate_exps.weight"].row_bytes),
-                      (cfg.n_embd, e._file.tensors["blk.0.ffn_down_exps.weight"].row_bytes)}
+        per_expert = {(cfg.expert_ff, e.file.tensors["blk.0.ffn_gate_exps.weight"].row_bytes),
+                      (cfg.n_embd, e.file.tensors["blk.0.ffn_down_exps.weight"].row_bytes)}
         expert_calls = [sh for sh in seen if sh in per_expert]
         assert expert_calls, seen
         assert not any(len(sh) == 3 for sh in seen)  # no (experts, rows, bytes) block was dequantised
-        assert e._model.w.materialised_bytes() < 64 * 2**20
+        assert e.model.w.materialised_bytes() < 64 * 2**20
 
 
 def test_cpu_kernels_read_experts_in_place(demo_path, monkeypatch) -> None:
@@ -108,13 +108,13 @@ def test_cpu_kernels_read_experts_in_place(demo_path, monkeypatch) -> None:
     monkeypatch.setattr(cpu, "moe_raw", spy)
     with Engine.open(demo_path, backend="cpu", ctx=64, kernels="cpu") as e:
         e.session().sync([11, 22, 33])
-        mm = np.frombuffer(e._file.raw("blk.0.ffn_gate_exps.weight"), dtype=np.uint8)
+        mm = np.frombuffer(e.file.raw("blk.0.ffn_gate_exps.weight"), dtype=np.uint8)
         assert len(calls) == e.info.config.n_layer
         for arrays in calls:
             for a in arrays:
                 assert not a.flags.owndata and not a.flags.writeable  # read-only views of the file
         assert np.shares_memory(calls[0][0], mm)
-        assert e._model.w.materialised_bytes() < 2**20  # norms and small vectors only
+        assert e.model.w.materialised_bytes() < 2**20  # norms and small vectors only
 
 
 def test_open_reads_no_weights(flash_header_path) -> None:
@@ -126,7 +126,7 @@ def test_open_reads_no_weights(flash_header_path) -> None:
     before = rss()
     with Engine.open(flash_header_path, backend="cpu", ctx=4096) as e:
         assert e.info.is_flash and e.info.config.n_layer == 43
-        assert e._model.w.materialised_bytes() == 0
+        assert e.model.w.materialised_bytes() == 0
         grown = rss() - before
     # Header, vocabulary (strings and the HF tokenizer's tables); no tensor data.
     assert grown < 400 * 2**20, grown

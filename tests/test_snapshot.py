@@ -50,7 +50,7 @@ def test_restore_runs_no_forward_pass(engine, monkeypatch) -> None:
     def boom(*a, **k):
         raise AssertionError("restore must not evaluate the model")
 
-    monkeypatch.setattr(engine._model, "forward", boom)
+    monkeypatch.setattr(engine.model, "forward", boom)
     r.restore(blob)
     assert r.tokens == list(range(2000, 2100)) and np.array_equal(r.logits, s.logits)
     assert r.sync(list(range(2000, 2100))) == 0  # already live: nothing to prefill

@@ -77,7 +77,7 @@ def test_switch_runs_no_forward_pass(engine, tmp_path, monkeypatch) -> None:
     s.sync(np.random.default_rng(0).integers(0, 128000, 2000).tolist())
     sha = store.save(s)
     calls = []
-    monkeypatch.setattr(engine._model, "forward", lambda *a, **k: calls.append(1))
+    monkeypatch.setattr(engine.model, "forward", lambda *a, **k: calls.append(1))
     r = engine.session()
     store.load(sha, r)
     assert calls == [] and r.tokens == s.tokens and np.array_equal(r.logits, s.logits)

@@ -49,7 +49,7 @@ def bytes_per_token(engine: Engine) -> int:
     selected experts' share of each expert tensor."""
     cfg = engine.info.config
     total = 0
-    for t in engine._file.tensors.values():
+    for t in engine.file.tensors.values():
         if t.name == "token_embd.weight":
             total += t.row_bytes
         elif "_exps." in t.name:
@@ -71,8 +71,8 @@ def read_probe(engine: Engine) -> float | None:
         from .kernels import cpu
         from .kernels.cpu_build import BuildError
 
-        big = max(engine._file.tensors.values(), key=lambda t: t.nbytes)
-        return cpu.read_bandwidth(engine._file.array(big.name).view(np.uint8).reshape(-1)[: 1 << 30])
+        big = max(engine.file.tensors.values(), key=lambda t: t.nbytes)
+        return cpu.read_bandwidth(engine.file.array(big.name).view(np.uint8).reshape(-1)[: 1 << 30])
     except (ImportError, BuildError, OSError):
         return None
 

@@ -26,7 +26,7 @@ import os
 import socket
 import weakref
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import mlx.core as mx
@@ -37,11 +37,12 @@ from . import split as splits
 from .launch import launched
 from .link import GroupError, Link, StderrFilter, init
 from .model import Model, Part
-from .session import Progress, Session, _Live
-from .state import ModelState, layer_bytes, layer_from_bytes, layer_nbytes, read_payload, write_payload
+from .session import Progress, Session
+from .state import ModelState, layer_bytes, layer_from_bytes, layer_nbytes
 
 if TYPE_CHECKING:
     from .engine import Engine
+    from .info import EngineInfo
 
 # Commands (the first field of a header). A header is HEADER int64 values:
 # op, source state, new state, count (tokens or bytes), states to forget, flags, n_tokens, spare.
@@ -162,7 +163,7 @@ class Distributed:
         busy with the chunk before."""
         return self.link.timeout * (1 + n / 64)
 
-    def full_state(self, state: ModelState) -> ModelState:
+    def for_snapshot(self, state: ModelState) -> ModelState:
         """The whole state on rank 0: a pipeline gathers the other stages' layers (as their
         payload sections, so the bytes are exactly what each process holds)."""
         if self.plan.split == "experts":
@@ -179,7 +180,7 @@ class Distributed:
             pos += size
         return out
 
-    def distribute(self, state: ModelState) -> ModelState:
+    def from_snapshot(self, state: ModelState) -> ModelState:
         """Hand a whole state (a loaded snapshot) to the followers; returns rank 0's share."""
         n = state.n_tokens
         layers = range(self.cfg.n_layer) if self.plan.split == "experts" else range(0, self.plan.stages[-1][0])
@@ -310,11 +311,9 @@ class Distributed:
 
 
 class DistributedSession(Session):
-    """A Session on rank 0 whose state is spread over the group: the snapshot gathers the
-    other processes' layers into one ordinary payload; a restore hands them out."""
-
-    def reset(self) -> None:
-        self._live = _Live(self._model.empty_state(), [], 0, None)
+    """A Session on rank 0 whose state is spread over the group (the model's for_snapshot and
+    from_snapshot gather and hand out the other processes' layers) and whose pipelined prefill
+    keeps a chunk per stage in flight."""
 
     def _prefill(self, todo: list[int], progress: Progress | None) -> None:
         """A pipeline keeps up to one chunk per stage in flight: while rank 0 runs the last
@@ -352,25 +351,12 @@ class DistributedSession(Session):
                 dist.discard(ids)
             raise
 
-    def snapshot(self) -> bytes:
-        live = self._live
-        if live.logits is None:
-            raise RuntimeError("nothing to snapshot: the session holds no tokens")
-        state = self._model.full_state(live.state)
-        return write_payload(self._model.cfg, self.ctx, state, live.tokens[: live.n], live.logits)
-
-    def restore(self, blob: bytes | memoryview) -> None:
-        state, tokens, logits = read_payload(self._model.cfg, self.ctx, blob, f16_rows=self._model.opt.qat_sim)
-        logits.setflags(write=False)
-        mine = self._model.distribute(state)  # a PayloadError above leaves everything as it was
-        self._live = _Live(mine, tokens, len(tokens), logits)
-
 
 # -- opening ------------------------------------------------------------------------------------
 
-def _describe(engine: "Engine", split: str) -> bytes:
-    info = {"host": socket.gethostname(), "version": __version__, "fingerprint": engine.info.fingerprint,
-            "path": str(engine.info.path), "split": split, "layers": engine.info.config.n_layer}
+def _describe(engine_info: "EngineInfo", split: str) -> bytes:
+    info = {"host": socket.gethostname(), "version": __version__, "fingerprint": engine_info.fingerprint,
+            "path": str(engine_info.path), "split": split, "layers": engine_info.config.n_layer}
     raw = json.dumps(info).encode()[:INFO_BYTES]
     return raw + b" " * (INFO_BYTES - len(raw))
 
@@ -397,7 +383,7 @@ def open_engine(path, split: str, backend: str = "auto", ctx: int = 32768, kerne
     """Join the group this process was launched into and open the model as its share of
     ``split`` ("pipeline" or "experts"). Rank 0 gets an Engine whose sessions span the group;
     another rank gets one to call ``follow`` on. Problems are GroupError/EngineError, one line."""
-    from .engine import Engine, EngineError
+    from .engine import Engine, EngineError, open_parts
 
     if split not in splits.SPLITS:
         raise EngineError(f"unknown split {split!r} (choose from {', '.join(splits.SPLITS)})")
@@ -415,53 +401,44 @@ def open_engine(path, split: str, backend: str = "auto", ctx: int = 32768, kerne
     report = None if _FILTER is None else (lambda msg: _FILTER.write(f"ds4: error: {msg}\n"))
     link = Link(group, [f"rank {r}" for r in range(size)], timeout, report)
     try:
-        engine = Engine.open(path, backend=backend, ctx=ctx, kernels=kernels)
+        parts = open_parts(path, backend=backend, ctx=ctx, kernels=kernels)
     except Exception as e:  # noqa: BLE001 - the others must hear about it, not hang at the handshake
         link.fail(f"rank {rank} ({socket.gethostname()}) could not open the model: {e}", say=True)
         link.close()
         raise
     try:
-        mine = np.frombuffer(_describe(engine, split), dtype=np.uint8)
+        mine = np.frombuffer(_describe(parts.info, split), dtype=np.uint8)
         rows = link.all_gather(mine, JOIN_TIMEOUT, "comparing the processes")
         infos = [json.loads(bytes(r).decode().strip() or "{}") for r in rows]
         names = [i.get("host", "?") for i in infos]
         link.names = names
         _check_group(infos, names)
-        f = engine._file
+        f = parts.file
         shared_block = splits.block_width(f.tensors["blk.0.ffn_down_shexp.weight"].type)
         out_block = splits.block_width(f.tensors["blk.0.attn_output_b.weight"].type)
-        if engine.info.config.o_lora_rank % out_block:
+        if parts.info.config.o_lora_rank % out_block:
             raise GroupError(f"attn_output_b's blocks of {out_block} do not divide its groups; use --split pipeline")
         sizes = {name: t.nbytes for name, t in f.tensors.items()}
-        plan = splits.plan(engine.info.config, sizes, split, size, rank, shared_block)
+        plan = splits.plan(parts.info.config, sizes, split, size, rank, shared_block)
     except (GroupError, splits.SplitError) as e:
-        engine.close()
+        parts.file.close()
         link.close()
         raise EngineError(str(e)) from None
     except Exception:
-        engine.close()
+        parts.file.close()
         link.close()
         raise
-    base: Model = engine._model
+    base: Model = parts.model
     if split == "experts":
         part = Part(plan.groups, plan.shared, plan.experts, plan.vocab,
                     lambda a: link.all_sum(a, link.timeout, "summing a layer's outputs"),
-                    _gatherer(link, plan, engine.info.config.n_vocab))
+                    _gatherer(link, plan, parts.info.config.n_vocab))
         base = Model(base.w, base.opt, base.k, part)
     dist = Distributed(base, link, plan)
-    engine._model = dist
-    engine._session_class = DistributedSession
-    engine.distributed = dist
-    closer = engine.close
-
-    def close() -> None:
-        dist.close()
-        closer()
-
-    engine.close = close  # type: ignore[method-assign]
     if rank == 0:
         atexit.register(dist.close)  # an exit without close still lets the followers go quietly
-    return engine
+    # this process's Engine: its share of the model in the group, the group told on close
+    return Engine(replace(parts, model=dist, session_class=DistributedSession, on_close=dist.close))
 
 
 def _gatherer(link: Link, plan: splits.Plan, vocab: int):
@@ -483,7 +460,9 @@ def _gatherer(link: Link, plan: splits.Plan, vocab: int):
 
 def follow(engine: "Engine") -> int:
     """Run a follower until rank 0 closes the group; the exit status for the process."""
-    dist: Distributed = engine.distributed  # type: ignore[attr-defined]
+    dist = engine.model
+    if not isinstance(dist, Distributed):
+        raise TypeError("follow() needs an Engine from open_engine")
     try:
         dist.follow()
     except GroupError:

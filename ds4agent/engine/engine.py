@@ -5,12 +5,14 @@ from __future__ import annotations
 import hashlib
 import os
 from dataclasses import dataclass
+from typing import Callable
 
 import mlx.core as mx
 
 from ..modelfile.config import ModelConfig, check_tensors, claims_flash, config_from_gguf, validate_flash
 from ..modelfile.gguf import GGUFError, GGUFFile
 from ..modelfile.tokenizer import Tokenizer
+from .info import EngineInfo
 from .kernels import KernelError
 from .kernels import select as select_kernels
 from .model import Model, Options
@@ -23,29 +25,6 @@ BACKENDS = ("auto", "cpu", "metal", "cuda", "npu")
 
 class EngineError(ValueError):
     """A model or backend that cannot be used; one line."""
-
-
-@dataclass(frozen=True)
-class EngineInfo:
-    path: str
-    config: ModelConfig
-    backend: str
-    ctx: int
-    qat_sim: bool
-    quant_mix: dict[str, int]  # GGML type name -> bytes
-    is_flash: bool
-    expert_quant_bits: int  # 4 when layer 0's routed experts are Q4_K, else 2 (ds4's convention)
-    fingerprint: int  # identifies these exact weights (see _fingerprint)
-    kernels: str = "reference"  # the implementation of the heavy products (engine/kernels)
-    kernel_note: str | None = None  # why the fast kernels (or some of their operations) were not used
-    kernel_check: object = None  # kernels/check.CheckReport of the self-check at open, when it ran
-    # Said at open: on npu one line per device (its layers and memory); on metal and cuda what the
-    # GPU kernels will hold on the device against its limit (kernels/resident.py).
-    devices: tuple[str, ...] = ()
-
-    @property
-    def name(self) -> str:
-        return self.config.name or "deepseek4"
 
 
 def _fingerprint(f: GGUFFile) -> int:
@@ -133,19 +112,77 @@ def _device_fit(f: GGUFFile, cfg: ModelConfig, backend: str, ctx: int, kernels: 
         raise EngineError(f"{e}; --kernels reference keeps the routed experts in the file instead (much slower)") from None
 
 
-class Engine:
-    def __init__(self, f: GGUFFile, cfg: ModelConfig, tok: Tokenizer, backend: str, ctx: int, qat_sim: bool,
-                 is_flash: bool, kernels: str | None = None) -> None:
-        self._file = f
-        self.tokenizer = tok
-        self.ctx = ctx
-        weights = Weights(f, cfg)
-        memory = _device_fit(f, cfg, backend, ctx, kernels)  # before anything is copied to the device
-        impl, note = select_kernels(backend, weights, kernels)
-        self._model = Model(weights, Options(qat_sim=qat_sim), impl)
-        self.info = _info(f, cfg, backend, ctx, qat_sim, is_flash, impl.name, note, getattr(impl, "check", None), memory)
+@dataclass(frozen=True)
+class Parts:
+    """What a backend builds over an opened, checked model file. Engine takes these and nothing
+    else: each backend (MLX below, the Ascend module, a distributed group) returns its parts,
+    and nobody sets an Engine's fields from outside."""
 
-    _session_class = Session  # the npu backend's sessions bring its device tensors home to save
+    file: GGUFFile
+    tokenizer: Tokenizer
+    info: EngineInfo
+    # Runs the forward pass and owns the state's layout: Model (MLX, CPU kernels),
+    # ascend.model.AscendModel, distributed.Distributed. Sessions call forward(ids, state),
+    # empty_state(), for_snapshot(state) and from_snapshot(state) on it.
+    model: object
+    session_class: type[Session] = Session
+    on_close: Callable[[], None] | None = None  # runs before the model file closes
+
+
+def mlx_parts(f: GGUFFile, cfg: ModelConfig, tok: Tokenizer, backend: str, ctx: int, qat_sim: bool,
+              is_flash: bool, kernels: str | None) -> Parts:
+    """The MLX engine's parts over an opened model file on ``backend`` (as _pick_backend gave
+    it): weights, the kernels (checked at open where they need it), the model."""
+    weights = Weights(f, cfg)
+    memory = _device_fit(f, cfg, backend, ctx, kernels)  # before anything is copied to the device
+    impl, note = select_kernels(backend, weights, kernels)
+    model = Model(weights, Options(qat_sim=qat_sim), impl)
+    info = _info(f, cfg, backend, ctx, qat_sim, is_flash, impl.name, note, getattr(impl, "check", None), memory)
+    return Parts(f, tok, info, model)
+
+
+def _npu_parts(path, ctx: int, qat_sim: bool, kernels: str | None, devices: str | None, w8a8: bool) -> Parts:
+    """The Ascend module (engine/ascend/) behind the same Engine: its model runs the sessions,
+    the model file and tokenizer are read here as for MLX."""
+    from .ascend.devices import AscendError, load_torch, parse_devices
+
+    try:
+        names = parse_devices(devices)
+        load_torch(names)  # what is missing is said before the model file is read
+    except AscendError as e:
+        raise EngineError(str(e)) from None
+    from .ascend.engine import build
+
+    f, cfg, tok, flash = _read_model(path)
+    built = _closing_on_error(f, AscendError, lambda: build(f, cfg, names, ctx, qat_sim, kernels, w8a8))
+    info = _info(f, cfg, "npu", ctx, qat_sim, flash, built.kernels, built.note, None, built.devices)
+    return Parts(f, tok, info, built.model)
+
+
+def open_parts(path: str | os.PathLike[str], backend: str = "auto", ctx: int = 32768, qat_sim: bool = True,
+               kernels: str | None = None, devices: str | None = None, w8a8: bool = False) -> Parts:
+    """The parts of Engine.open(...) (same arguments): a distributed group builds its own
+    Engine from them, around this process's share."""
+    if ctx < 2:
+        raise EngineError(f"context size must be at least 2 tokens, got {ctx}")
+    if backend == "npu":
+        return _npu_parts(path, ctx, qat_sim, kernels, devices, w8a8)
+    if devices is not None or w8a8:
+        raise EngineError("--devices and --w8a8 are options of --backend npu")
+    chosen = _pick_backend(backend)
+    mx.set_default_device(mx.cpu if chosen == "cpu" else mx.gpu)
+    f, cfg, tok, flash = _read_model(path)
+    return _closing_on_error(f, KernelError, lambda: mlx_parts(f, cfg, tok, chosen, ctx, qat_sim, flash, kernels))
+
+
+class Engine:
+    """An opened model: sessions over it, its tokenizer and what it is (``info``)."""
+
+    def __init__(self, parts: Parts) -> None:
+        self._parts = parts
+        self.tokenizer = parts.tokenizer
+        self.info = parts.info
+        self.ctx = parts.info.ctx
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], backend: str = "auto", ctx: int = 32768,
@@ -155,45 +192,32 @@ class Engine:
         mmap and are materialised when first used. ``kernels`` picks the implementation of the
         heavy products (default $DS4_KERNELS or auto: the backend's fast kernels when usable).
         ``devices`` ("0,1", "cpu", ...) and ``w8a8`` are the npu backend's (docs/ascend.md)."""
-        if ctx < 2:
-            raise EngineError(f"context size must be at least 2 tokens, got {ctx}")
-        if backend == "npu":
-            return cls._open_npu(path, ctx, qat_sim, kernels, devices, w8a8)
-        if devices is not None or w8a8:
-            raise EngineError("--devices and --w8a8 are options of --backend npu")
-        chosen = _pick_backend(backend)
-        mx.set_default_device(mx.cpu if chosen == "cpu" else mx.gpu)
-        f, cfg, tok, flash = _read_model(path)
-        return _closing_on_error(f, KernelError, lambda: cls(f, cfg, tok, chosen, ctx, qat_sim, flash, kernels))
+        return cls(open_parts(path, backend, ctx, qat_sim, kernels, devices, w8a8))
 
-    @classmethod
-    def _open_npu(cls, path, ctx: int, qat_sim: bool, kernels: str | None, devices: str | None,
-                  w8a8: bool) -> "Engine":
-        """The Ascend module (engine/ascend/) behind the same Engine: its model runs the
-        sessions, the model file and tokenizer are read here as for MLX."""
-        from .ascend.devices import AscendError, load_torch, parse_devices
+    @property
+    def file(self) -> GGUFFile:
+        """The model file (read-only tensor views over its mmap)."""
+        return self._parts.file
 
-        try:
-            names = parse_devices(devices)
-            load_torch(names)  # what is missing is said before the model file is read
-        except AscendError as e:
-            raise EngineError(str(e)) from None
-        from .ascend.engine import build
+    @property
+    def model(self) -> object:
+        """What runs the forward pass (see Parts.model): reports, benchmarks and tests look into it."""
+        return self._parts.model
 
-        f, cfg, tok, flash = _read_model(path)
-        built = _closing_on_error(f, AscendError, lambda: build(f, cfg, names, ctx, qat_sim, kernels, w8a8))
-        e = cls.__new__(cls)
-        e._file, e.tokenizer, e.ctx, e._model = f, tok, ctx, built.model
-        e._session_class = built.session_class
-        e.info = _info(f, cfg, "npu", ctx, qat_sim, flash, built.kernels, built.note, None, built.devices)
-        return e
+    @property
+    def parts(self) -> Parts:
+        """What the engine was built from (a distributed group rebuilds one from them)."""
+        return self._parts
 
     def session(self, ctx: int | None = None) -> Session:
         """A new, empty session; ``ctx`` defaults to the context the engine was opened with."""
-        return self._session_class(self._model, self.tokenizer, self.info, self.ctx if ctx is None else ctx)
+        return self._parts.session_class(self._parts.model, self.tokenizer, self.info,
+                                         self.ctx if ctx is None else ctx)
 
     def close(self) -> None:
-        self._file.close()
+        if self._parts.on_close is not None:
+            self._parts.on_close()
+        self._parts.file.close()
 
     def __enter__(self) -> "Engine":
         return self
@@ -202,4 +226,4 @@ class Engine:
         self.close()
 
 
-__all__ = ["Engine", "EngineError", "EngineInfo", "GGUFError"]
+__all__ = ["Engine", "EngineError", "EngineInfo", "GGUFError", "Parts", "mlx_parts", "open_parts"]

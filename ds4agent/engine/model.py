@@ -153,6 +153,18 @@ class Model:
             a = self._params[name] = np.array(to(NP, self.w.get(name)), dtype=np.float32)
         return a
 
+    # The state's layout: one process, host arrays (what Session asks of every model) ------------
+    def empty_state(self) -> ModelState:
+        return ModelState.empty(self.cfg)
+
+    def for_snapshot(self, state: ModelState) -> ModelState:
+        """The whole state as a payload holds it: here, the state itself."""
+        return state
+
+    def from_snapshot(self, state: ModelState) -> ModelState:
+        """A loaded whole state in this model's layout: here, as it is."""
+        return state
+
     # The forward pass ------------------------------------------------------------------------
     def forward(self, ids: np.ndarray, state: ModelState, all_logits: bool = False) -> mx.array:
         """Run tokens ``ids`` (positions state.n_tokens ...) and return logits for the last

@@ -16,13 +16,13 @@ def kernel_report(path: str | os.PathLike[str], backend: str = "auto", kernels: 
     report shown is that check, refusals included) unless DS4_KERNEL_CHECK=0; any other set
     (cpu, cpu-exact) is checked now. Loads the weights the probes touch."""
     with Engine.open(path, backend=backend, kernels=kernels) as e:
-        info, k = e.info, e._model.k
+        info, k = e.info, e.model.k
         lines = []
         if info.kernel_note:
             lines.append(f"              note: {info.kernel_note}")
         if info.backend == "npu":  # the Ascend module's registry: fused torch_npu op or plain torch, per op
             return ([f"kernels       {info.kernels} on npu: the operation registry (engine/ascend)"]
-                    + [f"              {line}" for line in e._model.reg.report()]
+                    + [f"              {line}" for line in e.model.reg.report()]
                     + [f"              {line}" for line in info.devices] + lines)
         if info.kernels == "reference":
             return [f"kernels       reference on {info.backend}: the definition the others are checked against; "
@@ -30,7 +30,7 @@ def kernel_report(path: str | os.PathLike[str], backend: str = "auto", kernels: 
         report = info.kernel_check
         when = "at open"
         if report is None:
-            report = self_check(k, ReferenceKernels(e._model.w), e._model.w)
+            report = self_check(k, ReferenceKernels(e.model.w), e.model.w)
             when = "now"
         refused = report.refused
         lines.insert(0, f"kernels       {info.kernels} on {info.backend}: self-check {when} against the MLX reference on "

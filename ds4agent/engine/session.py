@@ -20,7 +20,7 @@ from .state import ModelState, payload_size, read_payload, write_payload
 
 if TYPE_CHECKING:
     from ..modelfile.tokenizer import Tokenizer
-    from .engine import EngineInfo
+    from .info import EngineInfo
     from .model import Model
 
 Progress = Callable[[int, int], None]  # (tokens done, tokens to do)
@@ -104,7 +104,7 @@ class Session:
         return payload_size(self._model.cfg, n_tokens)
 
     def reset(self) -> None:
-        self._live = _Live(ModelState.empty(self._model.cfg), [], 0, None)
+        self._live = _Live(self._model.empty_state(), [], 0, None)
 
     @property
     def tokens(self) -> list[int]:
@@ -191,18 +191,23 @@ class Session:
                 progress(min(off + self.prefill_chunk, len(todo)), len(todo))
 
     def snapshot(self) -> bytes:
-        """The live state as a DSV4 session payload (docs/model.md §6.1)."""
+        """The live state as a DSV4 session payload (docs/model.md §6.1). The model hands over
+        its whole state as host arrays first (for_snapshot: its devices' tensors brought home,
+        a distributed group's layers gathered), so every backend writes the same bytes."""
         live = self._live
         if live.logits is None:
             raise RuntimeError("nothing to snapshot: the session holds no tokens")
-        return write_payload(self._model.cfg, self.ctx, live.state, live.tokens[: live.n], live.logits)
+        state = self._model.for_snapshot(live.state)
+        return write_payload(self._model.cfg, self.ctx, state, live.tokens[: live.n], live.logits)
 
     def restore(self, blob: bytes | memoryview) -> None:
         """Replace the live state by a snapshot; runs no model evaluation. On any mismatch
-        (PayloadError) the session is left as it was."""
+        (PayloadError) the session is left as it was. The model places the whole state in its
+        own layout (from_snapshot: a distributed group hands the other processes theirs)."""
         state, tokens, logits = read_payload(self._model.cfg, self.ctx, blob, f16_rows=self._model.opt.qat_sim)
         logits.setflags(write=False)
-        self._live = _Live(state, tokens, len(tokens), logits)
+        mine = self._model.from_snapshot(state)  # a PayloadError above leaves everything as it was
+        self._live = _Live(mine, tokens, len(tokens), logits)
 
     def eval(self, token: int) -> None:
         if self._live.n + 1 >= self.ctx:

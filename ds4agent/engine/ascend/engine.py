@@ -1,20 +1,15 @@
 """Putting the Ascend module together for Engine.open(backend="npu"): devices, the layer
-split, the weights on the devices, the operation registry and its open-time check, and the
-session class whose snapshots are the MLX engine's payload.
+split, the weights on the devices, the operation registry and its open-time check. Sessions are
+the engine's own (engine/session.py): the model brings its device tensors home for a snapshot.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-import torch
-
 from ...modelfile.config import ModelConfig
 from ...modelfile.gguf import GGUFFile
 from ..model import Options
-from ..session import Session
-from ..state import Frontier, LayerState, ModelState, write_payload
 from .devices import AscendError, free_bytes, load_torch, plan
 from .model import AscendModel
 from .registry import Registry
@@ -26,38 +21,9 @@ KERNEL_CHOICES = (None, "auto", "reference")  # auto: fused torch_npu ops on an 
 @dataclass(frozen=True)
 class Built:
     model: AscendModel
-    session_class: type
     kernels: str  # EngineInfo.kernels
     note: str | None  # fused ops refused or missing, one line
     devices: tuple[str, ...]  # one line per device: its layers, bytes and memory
-
-
-def _host(a) -> np.ndarray | None:
-    return None if a is None else a.detach().to("cpu").numpy()
-
-
-def host_state(state: ModelState) -> ModelState:
-    """A copy of ``state`` with every tensor as a host numpy array (what write_payload reads);
-    the device tensors are untouched."""
-    layers = []
-    for st in state.layers:
-        if st is None or not isinstance(st.raw, torch.Tensor):
-            layers.append(st)
-            continue
-        fr = [None if f is None else Frontier(_host(f.kv), _host(f.score)) for f in (st.comp_frontier, st.idx_frontier)]
-        layers.append(LayerState(st.ratio, _host(st.raw), _host(st.comp), fr[0], _host(st.idx_comp), fr[1]))
-    return ModelState(layers, state.n_tokens)
-
-
-class AscendSession(Session):
-    """A Session on the Ascend module: the same sync/eval/generate/restore; a snapshot brings
-    the state from the devices to the host first (write_payload reads host arrays)."""
-
-    def snapshot(self) -> bytes:
-        live = self._live
-        if live.logits is None:
-            raise RuntimeError("nothing to snapshot: the session holds no tokens")
-        return write_payload(self._model.cfg, self.ctx, host_state(live.state), live.tokens[: live.n], live.logits)
 
 
 def build(f: GGUFFile, cfg: ModelConfig, devices: list[str], ctx: int, qat_sim: bool, kernels: str | None,
@@ -86,4 +52,4 @@ def build(f: GGUFFile, cfg: ModelConfig, devices: list[str], ctx: int, qat_sim: 
     model = AscendModel(weights, Options(qat_sim=qat_sim), reg)
     name = ("torch_npu fused" if reg.fused else "torch plain") + (" w8a8" if w8a8 else "")
     lines = tuple(s.describe(len(stages), ctx) for s in stages)
-    return Built(model, AscendSession, name, note, lines)
+    return Built(model, name, note, lines)

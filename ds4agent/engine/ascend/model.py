@@ -91,6 +91,10 @@ def _tensor(a, device: torch.device) -> torch.Tensor:
     return torch.from_numpy(np.array(a, dtype=np.float32)).to(device)
 
 
+def _host(a) -> np.ndarray | None:
+    return None if a is None else a.detach().to("cpu").numpy()
+
+
 class AscendModel:
     """What engine/session.Session runs: ``cfg``, ``opt`` and ``forward(ids, state)``."""
 
@@ -103,6 +107,25 @@ class AscendModel:
         self.moves = 0  # hidden states moved between stages (one per boundary per call)
 
     # -- state ---------------------------------------------------------------------------------
+    def empty_state(self) -> ModelState:
+        return ModelState.empty(self.cfg)
+
+    def for_snapshot(self, state: ModelState) -> ModelState:
+        """A copy of ``state`` with every tensor as a host numpy array (what write_payload
+        reads); the device tensors are untouched."""
+        layers = []
+        for st in state.layers:
+            if st is None or not isinstance(st.raw, torch.Tensor):
+                layers.append(st)
+                continue
+            fr = [None if f is None else Frontier(_host(f.kv), _host(f.score)) for f in (st.comp_frontier, st.idx_frontier)]
+            layers.append(LayerState(st.ratio, _host(st.raw), _host(st.comp), fr[0], _host(st.idx_comp), fr[1]))
+        return ModelState(layers, state.n_tokens)
+
+    def from_snapshot(self, state: ModelState) -> ModelState:
+        """A loaded state as it is: forward places it on the devices when it first runs."""
+        return state
+
     def place(self, state: ModelState) -> None:
         """Each layer's arrays onto its stage's device, as float32 tensors: once for a new
         state or a loaded snapshot (MLX arrays), nothing afterwards."""
