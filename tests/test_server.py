@@ -266,6 +266,21 @@ def test_completions_and_stop_sequences(served) -> None:
     assert m.stop_reason == "stop_sequence" and m.stop_sequence == "three" and m.content[-1].text == "one two "
 
 
+def test_a_malformed_tool_block_goes_out_as_text(served) -> None:
+    """A tool block that breaks the DSML grammar is no call: its text, and what the model says
+    after it, is the answer's content (streamed and not), with no tool calls."""
+    bad = f"\n\n<{D}tool_calls> \nnot a call"
+    engine, st = served(["x</think>before" + bad + " and after" + EOS])
+    c = oai(st)
+    r = c.chat.completions.create(model="m", messages=[{"role": "user", "content": "q"}], tools=TOOLS)
+    assert r.choices[0].message.content == "before" + bad + " and after"
+    assert not r.choices[0].message.tool_calls and r.choices[0].finish_reason == "stop"
+    chunks = list(c.chat.completions.create(model="m", messages=[{"role": "user", "content": "q"}], tools=TOOLS,
+                                            stream=True))
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == "before" + bad + " and after"
+    assert not any(ch.choices and ch.choices[0].delta.tool_calls for ch in chunks)
+
+
 def test_thinking_off_and_models(served) -> None:
     engine, st = served(["plain answer" + EOS])
     c = oai(st)

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator
 
 from ..engine import SamplingParams
-from ..protocol import THINK_MAX_MIN_CTX, StreamParser, Transcript, conversation_from_text
+from ..protocol import THINK_MAX_MIN_CTX, Transcript, conversation_from_text
 from .events import Event
+from .reply import Reply
 
 if TYPE_CHECKING:
     from ..engine import Engine  # the runtime (MLX) is not imported by this layer
@@ -44,9 +45,12 @@ class _Turn:
     start_tokens: int  # transcript length before the user message
     start_messages: int
     checkpoint: object  # the session before the turn (Session.checkpoint), for a withdrawal
-    sampled: list[int] = field(default_factory=list)
-    parser: StreamParser | None = None
+    reply: Reply | None = None  # the answer being sampled (its tokens, its parse)
     finished: bool = False
+
+    @property
+    def sampled(self) -> list[int]:
+        return self.reply.sampled if self.reply is not None else []
 
 
 class Conversation:
@@ -153,31 +157,35 @@ class Conversation:
             yield Event("done", finish="withdrawn")
             return
         render_mode, _ = self._render_mode()
-        turn.parser = StreamParser(render_mode)
-        gen_time, finish = 0.0, "length"  # (a limit of 0 tokens yields no step)
+        # The whole completion, end of sentence included, goes to the parser: the transcript
+        # keeps its final parse. A stop keeps the sampled token (not evaluated, as after any turn).
+        turn.reply = reply = Reply(self.session, self.tok, self.sampling, render_mode, self.max_tokens,
+                                   cancel=self.stop, parse_eos=True)
+        finish = "length"
         self.stats.gen_tokens, self.stats.gen_tps = 0, 0.0
-        for step in self.session.generate(self.sampling, max_tokens=self.max_tokens):
-            gen_time += step.seconds
-            turn.sampled.append(step.token)
-            # Counted as they come, so that an interrupted turn reports what it produced.
-            self.stats.gen_tokens = len(turn.sampled)
-            self.stats.gen_tps = len(turn.sampled) / gen_time if gen_time > 0 else 0.0
-            for ev in turn.parser.feed(self.tok.token_bytes(step.token)):
+        try:
+            for ev in reply:
+                self._count(reply)  # as they come, so that an interrupted turn reports what it produced
                 if ev.kind in ("reasoning", "content"):
                     yield Event(ev.kind, ev.text)
                 elif ev.kind == "call_start":
                     yield Event("call_start", ev.name)
                 elif ev.kind == "call":
                     yield Event("call", f"{ev.name} {ev.arguments}")
-                elif ev.kind == "error":
+                elif ev.kind == "malformed":
                     yield Event("dsml_error", ev.text)
-            if step.finish:
-                finish = step.finish
-            elif self.stop.is_set():
-                finish = "interrupted"
-                break  # the sampled token is kept; it is not evaluated (as after any turn)
+                elif ev.kind == "done":
+                    # a turn says "interrupted" for a stop, and ended at its end of sentence
+                    # even inside an unclosed tool block (the parse reports that block)
+                    finish = {"cancelled": "interrupted", "error": "eos"}.get(ev.finish, ev.finish)
+        finally:
+            self._count(reply)
         self._close_turn()
         yield Event("done", finish=finish)
+
+    def _count(self, reply: Reply) -> None:
+        self.stats.gen_tokens = len(reply.sampled)
+        self.stats.gen_tps = len(reply.sampled) / reply.seconds if reply.seconds > 0 else 0.0
 
     def _prefill(self, ids: list[int]) -> Iterator[Event]:
         """Prefill what the KV lacks, chunk by chunk, yielding progress between chunks (each
@@ -202,22 +210,22 @@ class Conversation:
         turn = self._turn
         if turn is None or turn.finished:
             return
-        tail = turn.parser.finish() if turn.parser else []
-        result = next((e.result for e in tail if e.kind == "result"), None)
+        parser = turn.reply.parser if turn.reply is not None else None
+        result = turn.reply.result() if turn.reply is not None else None
         sampled = list(turn.sampled)
         eos, think_close = self.tok.eos_id, self.tok.special["think_close"]
         if result and "error" not in result:
             message = {"role": "assistant", "content": result["content"], "tool_calls": result["tool_calls"]}
             if self._render_mode()[0] == "thinking":
                 message["reasoning_content"] = result["reasoning_content"]
-            if turn.parser.tool_blocks:
-                message["dsml"] = turn.parser.tool_blocks[0]  # replayed byte for byte
+            if parser.tool_blocks:
+                message["dsml"] = parser.tool_blocks[0]  # replayed byte for byte
             if not sampled or sampled[-1] != eos:
                 sampled.append(eos)  # a tool block may end the turn without EOS
         else:
             # Stopped early (interrupt, length limit) or unparseable: keep what was said and
             # close the turn the way the model would have.
-            in_reasoning = turn.parser is not None and turn.parser.phase == "reasoning"
+            in_reasoning = parser is not None and parser.phase == "reasoning"
             if sampled and sampled[-1] == eos:
                 sampled = sampled[:-1]
             reasoning, content = _split_partial(self.tok.decode(sampled), in_reasoning)

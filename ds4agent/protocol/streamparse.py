@@ -101,6 +101,14 @@ class StreamParser:
         events.append(Event("result", result=parse(self.text, self.thinking_mode)))
         return events
 
+    def malformed_text(self) -> str:
+        """After a tool block broke the grammar (an ``error`` event): the block's text, from the
+        blank line before it to the end of what was fed, without the end of sentence, so that a
+        front end can pass the failed block on as the answer's text. Empty if no block began."""
+        if self._block_start < 0:
+            return ""
+        return self.text[self._block_start - 2 :].replace(EOS, "")
+
     # -- the state machine ------------------------------------------------------------------
     def _emit_text(self, kind: str, upto: int, events: list[Event]) -> None:
         if upto > self.pos:

@@ -23,9 +23,9 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
+from ..conversation.reply import Reply
 from ..conversation.toolmemory import SampledBlock, ToolMemory, calls_of_block
 from ..engine import SamplingParams
-from ..protocol import StreamParser
 from ..sessions import StoreError
 
 if TYPE_CHECKING:
@@ -295,107 +295,54 @@ class Worker:
 
     def _generate(self, job: Job, usage: dict, t0: float, tp: float, prefill_s: float, prefilled: int,
                   n_prompt: int) -> None:
+        """Sample the answer through the reply pipeline (conversation/reply.py) and hand its
+        events to the job as the APIs' pieces: tool calls get their ids here and their
+        arguments as compact JSON deltas (_Args); a tool block ends the answer; a block that
+        breaks the grammar goes out as text."""
         s = self.session
         max_tokens = max(0, min(job.max_tokens, self.ctx - n_prompt - 1))
-        parser = StreamParser(job.mode) if job.mode != "raw" else None
-        stops = _StopFilter(job.stop)
         tg = time.perf_counter()
-        finish, n_gen = "length", 0
+        reply = Reply(s, self.tok, job.sampling, job.mode, max_tokens, stops=job.stop, cancel=job.cancel,
+                      stop_at_tools=True, malformed="text")
         calls: dict[int, _Args] = {}
         ids_of: dict[int, str] = {}
         reasoning: list[str] = []
-        raw_text = False  # a malformed tool block: the rest goes out as text
-        decoder = self.tok.stream() if parser is None else None
-        gen = s.generate(job.sampling, max_tokens=max_tokens) if max_tokens > 0 else iter(())
-        for step in gen:
-            n_gen += 1
-            piece = self.tok.token_bytes(step.token)
-            stop_now = False
-            if parser is None:
-                if step.token != self.tok.eos_id:
-                    text, hit = stops.feed(decoder.feed(step.token))
-                    if text:
-                        job.emit(Out("content", text))
-                    stop_now = hit
-                    if hit:
-                        finish = "stop_sequence"
-            elif raw_text:
-                if step.token != self.tok.eos_id:
-                    text, hit = stops.feed(piece.decode("utf-8", "replace"))
-                    if text:
-                        job.emit(Out("content", text))
-                    if hit:
-                        finish, stop_now = "stop_sequence", True
-            elif step.token != self.tok.eos_id:  # the end of sentence is never text, in any phase
-                for ev in parser.feed(piece):
-                    k = ev.kind
-                    if k == "reasoning":
-                        reasoning.append(ev.text)
-                        job.emit(Out("reasoning", ev.text))
-                    elif k == "content":
-                        text, hit = stops.feed(ev.text)
-                        if text:
-                            job.emit(Out("content", text))
-                        if hit:
-                            finish, stop_now = "stop_sequence", True
-                            break
-                    elif k == "call_start":
-                        ident = self.memory.new_ids(job.id_prefix, 1)[0]
-                        ids_of[ev.index] = ident
-                        calls[ev.index] = _Args()
-                        job.emit(Out("tool_start", index=ev.index, id=ident, name=ev.name))
-                    elif k in ("param_start", "param_text", "param_end"):
-                        delta = calls[ev.index].feed(k, ev.text, ev.name)
-                        if delta:
-                            job.emit(Out("tool_args", delta, index=ev.index))
-                    elif k == "call":
-                        delta = calls[ev.index].close()
-                        job.emit(Out("tool_args", delta, index=ev.index))
-                        job.emit(Out("tool_end", calls[ev.index].text, index=ev.index, id=ids_of[ev.index],
-                                     name=ev.name))
-                    elif k == "tool_block":
-                        parsed = calls_of_block(ev.text)
-                        if parsed is not None:
-                            self.memory.remember([ids_of[i] for i in sorted(ids_of)],
-                                                 SampledBlock(ev.text, "".join(reasoning) if job.mode == "thinking"
-                                                              else None, parsed))
-                        finish, stop_now = "tool_calls", True
-                    elif k == "error":
-                        # A block that breaks the grammar is not a call: its text is the answer.
-                        raw_text = True
-                        log.warning("malformed tool call: %s", ev.text)
-                        if parser._block_start >= 0:
-                            job.emit(Out("content", parser.text[parser._block_start - 2 :].replace(_EOS, "")))
-                        calls.clear()
-                        ids_of.clear()
-                    elif k == "done":
-                        finish = "stop"
-            if stop_now:
-                break
-            if step.finish:
-                finish = {"eos": "stop", "length": "length", "context": "length"}.get(step.finish, step.finish)
-                if step.finish == "eos" and parser is not None and parser.phase == "tools" and not raw_text:
-                    finish = "error"  # a tool block that never closed
-                break
-            if job.cancel.is_set():
-                finish = "cancelled"
-                break
-        if parser is not None and not raw_text and finish not in ("tool_calls",):
-            for ev in parser.finish():
-                if ev.kind == "content":
-                    text, _ = stops.feed(ev.text)
-                    if text:
-                        job.emit(Out("content", text))
-                elif ev.kind == "reasoning":
-                    job.emit(Out("reasoning", ev.text))
-        tail = stops.flush() if finish != "stop_sequence" else ""
-        if tail:
-            job.emit(Out("content", tail))
+        for ev in reply:
+            k = ev.kind
+            if k == "reasoning":
+                reasoning.append(ev.text)
+                job.emit(Out("reasoning", ev.text))
+            elif k == "content":
+                job.emit(Out("content", ev.text))
+            elif k == "call_start":
+                ident = self.memory.new_ids(job.id_prefix, 1)[0]
+                ids_of[ev.index] = ident
+                calls[ev.index] = _Args()
+                job.emit(Out("tool_start", index=ev.index, id=ident, name=ev.name))
+            elif k in ("param_start", "param_text", "param_end"):
+                delta = calls[ev.index].feed(k, ev.text, ev.name)
+                if delta:
+                    job.emit(Out("tool_args", delta, index=ev.index))
+            elif k == "call":
+                delta = calls[ev.index].close()
+                job.emit(Out("tool_args", delta, index=ev.index))
+                job.emit(Out("tool_end", calls[ev.index].text, index=ev.index, id=ids_of[ev.index], name=ev.name))
+            elif k == "tool_block":
+                parsed = calls_of_block(ev.text)
+                if parsed is not None:
+                    self.memory.remember([ids_of[i] for i in sorted(ids_of)],
+                                         SampledBlock(ev.text, "".join(reasoning) if job.mode == "thinking" else None,
+                                                      parsed))
+            elif k == "malformed":  # not a call: the block's text goes on as the answer
+                log.warning("malformed tool call: %s", ev.text)
+                calls.clear()
+                ids_of.clear()
+        finish = {"eos": "stop", "context": "length"}.get(reply.finish, reply.finish)
         if finish in ("stop", "stop_sequence", "tool_calls", "length", "cancelled") and s.n_tokens:
             self._remember(s.tokens)
         gen_s = time.perf_counter() - tg
-        usage.update(completion_tokens=n_gen, stop_sequence=stops.matched)
-        self._finish(job, usage, finish, t0, tp, tp + prefill_s, n_gen, gen_s, prefilled)
+        usage.update(completion_tokens=len(reply.sampled), stop_sequence=reply.stop_matched)
+        self._finish(job, usage, finish, t0, tp, tp + prefill_s, len(reply.sampled), gen_s, prefilled)
 
     def _finish(self, job: Job, usage: dict, finish: str, t0: float, tp: float, tp_end: float, n_gen: int,
                 gen_s: float, prefilled: int) -> None:
@@ -408,9 +355,6 @@ class Worker:
                  prefilled, prefilled / pre_s if prefilled else 0.0, n_gen, n_gen / gen_s if gen_s > 0 else 0.0,
                  replay.get("exact", 0), replay.get("canonical", 0), finish, time.perf_counter() - t0)
         job.emit(Out("done", finish, data=usage))
-
-
-_EOS = "<｜end▁of▁sentence｜>"
 
 
 class _Args:
@@ -444,38 +388,6 @@ class _Args:
         delta = "}" if self.text else "{}"
         self.text += delta
         return delta
-
-
-class _StopFilter:
-    """Holds back text that could still be the start of a stop string; cuts at a match."""
-
-    def __init__(self, stops: list[str]) -> None:
-        self.stops = [s for s in stops if s]
-        self.buf = ""
-        self.matched: str | None = None
-
-    def feed(self, text: str) -> tuple[str, bool]:
-        if not self.stops:
-            return text, False
-        self.buf += text
-        hits = [(self.buf.find(s), s) for s in self.stops if s in self.buf]
-        if hits:
-            at, s = min(hits)
-            out, self.buf, self.matched = self.buf[:at], "", s
-            return out, True
-        hold = 0
-        for s in self.stops:
-            for k in range(min(len(s) - 1, len(self.buf)), hold, -1):
-                if self.buf.endswith(s[:k]):
-                    hold = k
-                    break
-        out = self.buf[: len(self.buf) - hold]
-        self.buf = self.buf[len(out):]
-        return out, False
-
-    def flush(self) -> str:
-        out, self.buf = self.buf, ""
-        return out
 
 
 def compact_json(value: object) -> str:

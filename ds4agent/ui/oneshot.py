@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING
 
+from ..conversation.reply import Reply
 from ..engine import SamplingParams
 from ..modelfile import BOS
 from ..protocol import THINK_MAX_MIN_CTX, one_shot_prompt
@@ -68,40 +69,43 @@ def run(engine: "Engine", job: OneShot, out: IO[str], err: IO[str]) -> int:
     session.sync(ids, progress=progress if len(ids) > session.prefill_chunk else None)
     prefill = session.last_prefill
     color = out.isatty()
-    thinking = job.mode != "chat" and not job.prompt.startswith(BOS)
+    # A prompt given fully rendered (starting with BOS) is continued as plain text.
+    mode = "raw" if job.prompt.startswith(BOS) else ("chat" if job.mode == "chat" else "thinking")
+    reply = Reply(session, tok, job.sampling, mode, job.max_tokens, malformed="text")
+    thinking = mode == "thinking"  # reasoning streams dim, then a line break before the answer
     if thinking and color:
         out.write(GREY)
-    stream = tok.stream()
-    think_close = tok.special["think_close"]
-    gen_time, n_gen = 0.0, 0
     ended_with_newline = True
-    for step in session.generate(job.sampling, max_tokens=job.max_tokens):
-        gen_time += step.seconds
-        n_gen += 1
-        if step.finish == "eos":
-            break
-        if thinking and step.token == think_close:
-            thinking = False
-            stream.flush()
-            out.write((RESET if color else "") + "\n")
-            ended_with_newline = True
-            out.flush()
-            continue
-        text = stream.feed(step.token)
+
+    def write(text: str) -> None:
+        nonlocal ended_with_newline
         if text:
             out.write(text)
             ended_with_newline = text.endswith("\n")
             out.flush()
-    text = stream.flush()
-    if text:
-        out.write(text)
-        ended_with_newline = text.endswith("\n")
+
+    def end_thinking() -> None:
+        nonlocal thinking, ended_with_newline
+        thinking = False
+        out.write((RESET if color else "") + "\n")
+        ended_with_newline = True
+        out.flush()
+
+    for ev in reply:
+        if ev.kind == "reasoning":
+            write(ev.text)
+        elif ev.kind in ("content", "tool_block"):
+            if thinking:
+                end_thinking()
+            write(ev.text if ev.kind == "content" else "\n\n" + ev.text)  # a tool block, as the model wrote it
+    if thinking and reply.parser.phase != "reasoning":  # </think> came, and nothing after it
+        end_thinking()
     if color and thinking:
         out.write(RESET)
     if not ended_with_newline:
         out.write("\n")
     out.flush()
-    gen_tps = n_gen / gen_time if gen_time > 0 else 0.0
+    gen_tps = len(reply.sampled) / reply.seconds if reply.seconds > 0 else 0.0
     notes.line(f"ds4: prefill: {prefill.tps:.2f} t/s, generation: {gen_tps:.2f} t/s", CYAN)
     return 0
 
