@@ -31,7 +31,7 @@ def git_init(tmp_path_factory: pytest.TempPathFactory) -> Callable[[Path], None]
     """``git init -q`` in a directory, as a copy of one real run of it. The shell-policy and
     classifier tests build a fresh repository for each of their ~1000 cases; a git process and
     git's 27 sample files per case cost about a tenth of their time (22 s to 19.5 s here), paid
-    again by every surviving mutant in bench/mutate.py. The template is empty (no sample hooks,
+    again by every surviving mutant in dev/mutate.py. The template is empty (no sample hooks,
     which nothing here runs), and a freshly initialised .git holds no absolute path, so each
     copy is a repository git accepts."""
     template = tmp_path_factory.mktemp("git-template")

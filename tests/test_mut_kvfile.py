@@ -3,7 +3,7 @@ model: files are built here by hand (an independent writer following the documen
 written to tmp_path and read back with the module's readers; the writer is checked against a
 hand-written hex dump. Every refusal is checked by its exact one-line message.
 
-Fast on purpose: bench/mutate.py runs the fastest tests first, so this file is what makes a
+Fast on purpose: dev/mutate.py runs the fastest tests first, so this file is what makes a
 whole-module mutation run of kvfile.py feasible (docs/testing.md)."""
 
 from __future__ import annotations

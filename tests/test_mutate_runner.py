@@ -1,4 +1,4 @@
-"""bench/mutate.py's test selection: a mutant's run must run every covering test the traced
+"""dev/mutate.py's test selection: a mutant's run must run every covering test the traced
 baseline recorded, however often pytest has run in the same worker process before."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DRIVER = textwrap.dedent("""
     import json, sys
     from pathlib import Path
-    sys.path.insert(0, sys.argv[1] + "/bench")
+    sys.path.insert(0, sys.argv[1] + "/dev")
     import mutate
     root = Path(sys.argv[2])
     mutate.ROOT = root
