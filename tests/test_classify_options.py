@@ -1,4 +1,4 @@
-"""Exact analyses of classify.py for the function mutants of issue 22 (helper fn E): each test
+"""Exact analyses of classify.py's option scanning and per-program rules: each test
 gives a concrete command and the level, reasons and Step fields that the rules in classify.py
 give it (option scanning, wrappers, nested shells, heredocs, and the per-program rules)."""
 

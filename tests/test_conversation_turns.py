@@ -1,4 +1,4 @@
-"""The conversation layer's own edges (issue 22, mutation testing of conversation/turns.py).
+"""The conversation layer's own edges (conversation/turns.py).
 
 The front-end tests see the conversation through the chat and the agent; these pin what the
 module itself promises: the counters in ``Stats``, when Think Max applies and when a mode switch

@@ -1,4 +1,4 @@
-"""The streaming parser's exact events (issue 22, mutation testing of protocol/streamparse.py).
+"""The streaming parser's exact events (protocol/streamparse.py).
 
 Every expected list below is written out by hand from the grammar (docs of the module), not
 copied from a run: each event is compared whole (kind, text, index, name, arguments), so a

@@ -1,14 +1,13 @@
-"""More exact parses of shellparse.py, aimed at mutation survivors of a whole-module run:
-words walked as statements (test operands, for lists, case words), loops, declarations,
+"""More exact parses of shellparse.py: words walked as statements (test operands, for lists, case words), loops, declarations,
 heredocs, dup targets, the cwd of redirections, brace expansion and glob flags (their depth
-edges joined the table in test_mut_shellparse.py).
+edges joined the table in test_shellparse_words.py).
 
 Each expected value follows from bash's rules and the walker's code, worked out by hand."""
 
 from __future__ import annotations
 
 import pytest
-from test_mut_shellparse import names, words
+from test_shellparse_words import names, words
 
 from ds4agent.tools.shellparse import UNKNOWN_DIR, parse
 

@@ -1,4 +1,4 @@
-"""classify.py's program tables, entry by entry (issue 22, tables B): SHELLS, INLINE, INLINE_LONG,
+"""classify.py's program tables, entry by entry: SHELLS, INLINE, INLINE_LONG,
 DOWNLOADERS, WRAPPERS, _WRAPPER_ARGS and _RUNNERS. Each test names the programs and options
 itself (never reading the module's tables) and gives the verdict the design asks for:
 
@@ -180,7 +180,7 @@ def test_wrapper_options_skip_their_value(root: Path) -> None:
         "sudo": ["-u", "-g", "-p", "-C", "-D", "-h", "-r", "-t", "-T", "-R", "-U", "--user", "--group", "--prompt",
                  "--close-from", "--chdir", "--host", "--role", "--type", "--command-timeout", "--chroot",
                  "--other-user"],
-        "doas": ["-u"],  # (doas -C FILE CMD only checks whether CMD may run: test_mut_classify_fn_l.py)
+        "doas": ["-u"],  # (doas -C FILE CMD only checks whether CMD may run: test_classify_wrappers_and_nested_code.py)
         "strace": ["-o", "-e", "-E", "-p", "-P", "-s", "-S", "-u", "-X", "-b", "-a", "-I", "--output", "--expr",
                    "--attach", "--user", "--trace-path"],
         # ltrace's -S (system calls) and -E are left out: see the report of issue 22, tables B

@@ -1,4 +1,4 @@
-"""File tools: the limits and edge cases mutation testing showed unguarded (issue 22)."""
+"""File tools: their limits and edge cases, exactly."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Exact parses of shellparse.py (issue 22 mutation survivors): words' values and flags,
+"""Exact parses of shellparse.py: words' values and flags,
 assignments, the extra readings (continuations, coproc), ANSI-C escapes, cd histories and
 their limit, the problem messages, and the MAX_DEPTH boundary along each walker edge.
 

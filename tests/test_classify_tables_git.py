@@ -1,4 +1,4 @@
-"""classify.py's git tables, entry by entry (issue 22, helper table D): GIT_SAFE (read-only
+"""classify.py's git tables, entry by entry: GIT_SAFE (read-only
 subcommands and the options that make them write or run programs), GIT_WRITES (subcommands that
 may write .git when git runs alone), _GIT_SHORT_VALUES (short options that take a value, per
 subcommand), _GIT_GLOBAL_ARG (git's global options that take the next word), _GIT_BENIGN_CONFIG
@@ -207,7 +207,7 @@ _BENIGN_KEYS = ["color", "color.ui", "color.diff.meta", "core.quotepath", "core.
                 "diff.interHunkContext", "diff.algorithm", "advice.detachedHead", "user.name", "user.email",
                 "init.defaultBranch", "safe.directory", "column.ui"]
 # (pager.log=x: x is the pager program; pager.<command> is benign only turned on or off, see
-# test_mut_classify_fn_l.py)
+# test_classify_wrappers_and_nested_code.py)
 _RISKY_KEYS = ["pager.log", "core.pager", "core.editor", "core.fsmonitor", "core.sshCommand", "core.hooksPath", "diff.external",
                "alias.st", "colorx", "log.showSignature", "gpg.program", "pager", "user.signingKey", "credential.helper"]
 

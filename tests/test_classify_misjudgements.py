@@ -1,4 +1,5 @@
-"""classify.py: what a fresh random sample of 100 mutants found untested (issue 22, third round).
+"""classify.py: tar's modes, touch's dates, `--` before a wrapped program, declared variables, git
+worktree prune.
 
 Each test names the slip it guards against. Several of the gaps hid real misjudgements, fixed with
 them: old-style tar bundles (tar cf /etc/a.tar), tar's append/update/delete modes, touch -d DATE

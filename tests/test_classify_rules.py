@@ -1,4 +1,4 @@
-"""Exact analyses of classify.py for the mutation survivors of issue 22 (helper cl): each test
+"""Exact analyses of classify.py's rules: each test
 gives a concrete command and the level, reasons and Step fields the code must give for it,
 reasoned from the rules in classify.py (wrappers, nested shells, git, tar, sed, grep, kill ...)."""
 

@@ -1,4 +1,4 @@
-"""Session store: exact behaviour of what the first mutation run of store.py left alive (issue 22).
+"""Session store (sessions/store.py): exact behaviour, case by case.
 
 Most tests use a small fake session (the store only needs tokens, a tokenizer, the model's
 quantisation and fingerprint, and a snapshot) and write stripped files directly, so no engine

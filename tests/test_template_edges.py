@@ -1,4 +1,4 @@
-"""The chat renderer's edges that the golden cases do not reach (issue 22, mutation testing):
+"""The chat renderer's edges that the golden cases do not reach:
 input normalisation (OpenAI parts, Anthropic blocks and tools), defaults of missing fields,
 the exact error texts, parse errors with their offsets and snippets, one_shot_prompt, and
 conversation_from_text as the inverse of rendering with drop_thinking=False.

@@ -1,5 +1,4 @@
-"""classify.py: the eighth round's gaps (issue 22), found by the whole-module run on the final
-code: what a shell reads from its standard input (a here-document, echo text piped in, a process
+"""classify.py: what a shell reads from its standard input (a here-document, echo text piped in, a process
 substitution), how deep that nesting goes, how a step whose program is computed is judged, and
 which words of chmod, setfacl and chattr are the files that change.
 
@@ -20,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from classify_fixtures import _no_temp_dirs, root  # noqa: F401 (fixtures: temp_dirs emptied, a git workspace)
-from test_mut_classify_fn_l import RMRF, _judged  # what rm -rf / adds; (level, reasons, coverable letters)
+from test_classify_wrappers_and_nested_code import RMRF, _judged  # what rm -rf / adds; (level, reasons, coverable letters)
 
 from ds4agent.tools.classify import DANGEROUS, MAX_WRAPPERS, ORDINARY, SAFE, UNKNOWN, _sed_script_ok, analyze
 

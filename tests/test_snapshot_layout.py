@@ -1,7 +1,7 @@
 """The snapshot payload pinned to its documented byte layout (docs/model.md §6.1), the layout
 the files share with antirez/ds4. Round trips cannot see a writer and reader changed together
 (two fields swapped on both sides); this builds the expected bytes by hand, field by field, from
-the document, on a model small enough to write out (issue 22)."""
+the document, on a model small enough to write out."""
 
 from __future__ import annotations
 

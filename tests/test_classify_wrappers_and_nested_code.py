@@ -1,4 +1,4 @@
-"""classify.py: the seventh round's gaps (issue 22): the wrappers' own options (_Analyzer.inner),
+"""classify.py: the wrappers' own options (_Analyzer.inner),
 the code that nested shells, eval, trap and interpreters run (_Analyzer.nested_shell), the
 helpers the sixth round left (the sed subset, grep's pattern words, git's global options,
 crontab, variables), the command's redirections, and writers' options a sample found.

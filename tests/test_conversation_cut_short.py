@@ -1,4 +1,4 @@
-"""How a turn cut short is closed (issue 22): the sampled ids stay in the transcript (no silent
+"""How a turn cut short is closed: the sampled ids stay in the transcript (no silent
 re-tokenisation, which would break the KV prefix), followed by exactly the tokens the model
 would have produced to end there: the thinking close when it stopped inside its reasoning,
 then the end of sentence."""

@@ -1,5 +1,5 @@
 """Exact verdicts of the approval policy (policy.py), the shell parser (shellparse.py) and the
-command classifier (classify.py): the mutation survivors of issue 22, each pinned by a concrete
+command classifier (classify.py), each pinned by a concrete
 command or call and the exact request, reason, scope or parse it must give.
 
 Nothing here runs a real command: the shell tool is a recorder."""

@@ -1,4 +1,4 @@
-"""classify.py: the sixth round's gaps (issue 22): what each writing program writes, read from
+"""classify.py: what each writing program writes, read from
 its options exactly (which options take a value, which word is the target, which options run a
 program), for the copy and move tools, the permission tools, find's output files, the service
 managers, init, sysctl, curl, wget, tar, unzip, 7-Zip and sed; and where a command runs or reads.
@@ -570,7 +570,7 @@ def test_which_words_of_a_pattern_tool_are_files(root: Path, cmd: str, level: in
 # and for the subcommands with a listing form, every word that makes them change something.
 # `git config --show-origin --unset x`: the writing options and subcommands count even next to
 # a reading one. `git reflog drop` (git 2.50) deletes a reflog like `delete`. (The forms
-# test_mut_classify_fn_j.py already lists are not repeated here.)
+# test_classify_programs.py already lists are not repeated here.)
 GIT_FORM_CASES = [
     ('git --no-pager', SAFE, ['runs git'], True),
     ('git -P', SAFE, ['runs git'], True),

@@ -1,5 +1,4 @@
-"""Session store crash safety and in-place bookkeeping: the gaps mutation testing found
-(issue 22). A save replaces a file only by renaming a complete, synced temporary file; a load
+"""Session store crash safety and in-place bookkeeping. A save replaces a file only by renaming a complete, synced temporary file; a load
 rewrites the hit count and last use in place, and the file stays loadable after that."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""classify.py: what a third, independent mutant sample found untested (issue 22).
+"""classify.py: bare redirections, symbolic links under temporary directories, which directories
+are temporary.
 
 Bare redirections (a step with no program), where a symlink under a temporary directory leads,
 and which directories count as temporary."""

@@ -1,14 +1,13 @@
-"""More exact parses of shellparse.py, one per surviving mutant of a whole-module run (part A):
-word sources, escapes in raw word text, ANSI-C quoting, unnamed concatenation parts, the
+"""More exact parses of shellparse.py: word sources, escapes in raw word text, ANSI-C quoting, unnamed concatenation parts, the
 bodiless redirected statement, bare assignments, a list whose operator sits in an ERROR node,
-and the length of a quoted ERROR text (its depth edges joined the table in test_mut_shellparse.py).
+and the length of a quoted ERROR text (its depth edges joined the table in test_shellparse_words.py).
 
 Expected values follow from bash's rules and the walker's counting, worked out by hand."""
 
 from __future__ import annotations
 
 import pytest
-from test_mut_shellparse import names, words  # shared helpers
+from test_shellparse_words import names, words  # shared helpers
 
 from ds4agent.tools.shellparse import parse
 

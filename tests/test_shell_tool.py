@@ -1,4 +1,4 @@
-"""The bash and job tools, pinned exactly (issue 22 mutation survivors of tools/shell.py).
+"""The bash and job tools (tools/shell.py), pinned exactly.
 
 Expected values are written out by hand from the tool's contract, not copied from a run: the
 head/tail cut at HEAD_LINES + TAIL_LINES = 200 lines, long lines cut at 1000 characters, the
