@@ -147,8 +147,20 @@ class Applier:
                     changed = True
                 else:
                     self.undo.append((g.__setitem__, k, old))
+                    self._rebind_imports(k, old, v)
                     changed |= not _same(old, v)
         return changed
+
+    def _rebind_imports(self, name: str, old, new) -> None:
+        """A value that cannot change in place (a frozenset, a tuple, a number, a compiled
+        pattern) is rebound in this module; modules of the package that imported it by name
+        (``from .tables import SHELLS``) hold the old object, so they are rebound too."""
+        package = self.name.rsplit(".", 1)[0] + "."
+        for other_name, other in list(sys.modules.items()):
+            d = getattr(other, "__dict__", None)
+            if other_name != self.name and other_name.startswith(package) and d is not None and d.get(name) is old:
+                self.undo.append((d.__setitem__, name, old))
+                d[name] = new
 
     def _merge_value(self, old, new) -> bool:
         """Containers and plain objects (a table of rules, the list of tools) are changed in
@@ -526,9 +538,20 @@ def load_config() -> dict:
         return tomllib.load(f)
 
 
+def module_config(cfg: dict, module: str) -> dict | None:
+    """The module's entry in mutation.toml: its own, or its package's (a key ending in "/" names
+    every module under that folder, e.g. the classify package's files, judged by one test list)."""
+    if module in cfg["modules"]:
+        return cfg["modules"][module]
+    for name, m in cfg["modules"].items():
+        if name.endswith("/") and module.startswith(name):
+            return m
+    return None
+
+
 def run(module: str, args: argparse.Namespace) -> int:
     cfg = load_config()
-    mcfg = cfg["modules"].get(module)
+    mcfg = module_config(cfg, module)
     if mcfg is None:
         print(f"mutate: {module} is not in {CONFIG.relative_to(ROOT)}; known: {', '.join(cfg['modules'])}", file=sys.stderr)
         return 2

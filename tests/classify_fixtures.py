@@ -1,4 +1,4 @@
-"""Fixtures shared by the classify.py test files (imported by name into each)."""
+"""Fixtures shared by the classify test files (imported by name into each)."""
 
 from __future__ import annotations
 
@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
-import ds4agent.tools.classify as classify
+from ds4agent.tools.classify import places
 
 
 @pytest.fixture(autouse=True)
 def _no_temp_dirs(monkeypatch: pytest.MonkeyPatch) -> None:
     # The workspace lives under the temporary directory: here it must not count as "tmp".
-    monkeypatch.setattr(classify, "temp_dirs", lambda: ())
+    monkeypatch.setattr(places, "temp_dirs", lambda: ())  # what Places asks
 
 
 @pytest.fixture()
@@ -26,4 +26,4 @@ def root(tmp_path: Path, git_init) -> Path:
 
 
 # The real temp_dirs, taken at import, before the autouse fixture above replaces it.
-REAL_TEMP_DIRS = classify.temp_dirs
+REAL_TEMP_DIRS = places.temp_dirs

@@ -11,17 +11,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from classify_fixtures import _no_temp_dirs, root
+from classify_fixtures import _no_temp_dirs, root  # noqa: F401 (fixtures: temp_dirs emptied, a git workspace)
 
 from ds4agent.tools.classify import (
     DANGEROUS,
     ORDINARY,
     SAFE,
     UNKNOWN,
-    _sed_safe,
-    _sed_script_ok,
     analyze,
 )
+from ds4agent.tools.classify.texttools import _sed_safe, _sed_script_ok
 from ds4agent.tools.shellparse import Word
 
 

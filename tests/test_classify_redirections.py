@@ -11,9 +11,8 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
-import ds4agent.tools.classify as classify
 from classify_fixtures import REAL_TEMP_DIRS, _no_temp_dirs, root  # noqa: F401
+
 from ds4agent.tools.classify import DANGEROUS, ORDINARY, SAFE, UNKNOWN, Places, analyze
 
 _REAL_TEMP_DIRS = REAL_TEMP_DIRS

@@ -5,7 +5,6 @@ reasoned from the rules in classify.py (wrappers, nested shells, git, tar, sed, 
 from __future__ import annotations
 
 import os
-import subprocess
 import tempfile
 from pathlib import Path
 

@@ -19,9 +19,20 @@ from pathlib import Path
 
 import pytest
 from classify_fixtures import _no_temp_dirs, root  # noqa: F401 (fixtures: temp_dirs emptied, a git workspace)
-from test_classify_wrappers_and_nested_code import RMRF, _judged  # what rm -rf / adds; (level, reasons, coverable letters)
+from test_classify_wrappers_and_nested_code import (  # what rm -rf / adds; (level, reasons, coverable letters)
+    RMRF,
+    _judged,
+)
 
-from ds4agent.tools.classify import DANGEROUS, MAX_WRAPPERS, ORDINARY, SAFE, UNKNOWN, _sed_script_ok, analyze
+from ds4agent.tools.classify import (
+    DANGEROUS,
+    MAX_WRAPPERS,
+    ORDINARY,
+    SAFE,
+    UNKNOWN,
+    analyze,
+)
+from ds4agent.tools.classify.texttools import _sed_script_ok
 
 STDIN_CASES = [
     # A process substitution is a downloaded script when any of its programs downloads, wherever

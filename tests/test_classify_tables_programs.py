@@ -21,8 +21,9 @@ from ds4agent.tools.classify import (
     UNKNOWN,
     Places,
     analyze,
-    is_git_name,
+    tables,
 )
+from ds4agent.tools.classify.places import is_git_name
 
 # Programs looked up on PATH by the read-only rules: installed as stubs outside the workspace,
 # so that a verdict never depends on what this machine has (sw_vers, md5, fdfind ...).
@@ -325,9 +326,9 @@ def test_other_version_spellings_only_where_they_are_one(root: Path, env: dict[s
                                 "rg", "fd", "jq", "mypy", "pytest", "ruff", "poetry"]),
                         ("-v", ["node", "npm", "npx", "pnpm", "yarn", "bun", "gcc", "g++", "clang", "clang++", "cc",
                                 "c++", "make", "perl", "php", "tsc"])):
-        assert classify._VERSION_WORDS[word] == set(progs), word
-    expected = {f"{p} {word}": SAFE for word, progs in classify._VERSION_WORDS.items() for p in progs}
-    assert len(expected) == 38 and {w for w in classify._VERSION_WORDS} == {"version", "-V", "-v"}
+        assert tables._VERSION_WORDS[word] == set(progs), word
+    expected = {f"{p} {word}": SAFE for word, progs in tables._VERSION_WORDS.items() for p in progs}
+    assert len(expected) == 38 and {w for w in tables._VERSION_WORDS} == {"version", "-V", "-v"}
     # git's version queries: by git's own rule, not this table.
     expected |= {"git --version": SAFE, "git version": SAFE}
     for word, progs in (("-v", ["pytest", "python", "python3", "ruby", "bash", "sh", "zsh", "cargo", "black", "mypy",

@@ -15,10 +15,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 from classify_fixtures import _no_temp_dirs, root  # noqa: F401 (fixtures: temp_dirs emptied, a git workspace)
 
-import ds4agent.tools.classify as classify
 from ds4agent.tools.classify import DANGEROUS, ORDINARY, SAFE, UNKNOWN, analyze
 
 ENV = {"PATH": "/usr/bin:/bin"}  # the verdicts below do not depend on what is installed

@@ -35,7 +35,8 @@ from pathlib import Path
 import pytest
 from classify_fixtures import _no_temp_dirs, root  # noqa: F401 (fixtures: temp_dirs emptied, a git workspace)
 
-from ds4agent.tools.classify import DANGEROUS, ORDINARY, SAFE, UNKNOWN, _sed_script_ok, analyze
+from ds4agent.tools.classify import DANGEROUS, ORDINARY, SAFE, UNKNOWN, analyze
+from ds4agent.tools.classify.texttools import _sed_script_ok
 
 # What `rm -rf /` adds to a judgement when it is seen.
 RMRF = ['recursive delete', 'forced delete', 'deletes outside the workspace (/)', 'names a path outside the workspace (/)']

@@ -38,7 +38,7 @@ BASH = Tool("bash", "runs a command", TOOLS["bash"].parameters, _record, kind="s
 def _no_temp_dirs(monkeypatch):
     # The workspace lives in the temporary directory: here it counts as outside (as in
     # test_shell_policy), so that paths next to the workspace are outside it.
-    monkeypatch.setattr(classify, "temp_dirs", lambda: ())
+    monkeypatch.setattr(classify.places, "temp_dirs", lambda: ())
     monkeypatch.setattr(policy_mod, "temp_dirs", lambda: ())
     monkeypatch.setattr(policy_mod, "_GIT_DIRS", {})  # asked afresh: a path may be reused by another run
     CALLS.clear()

@@ -194,7 +194,7 @@ def _no_temp_dirs(monkeypatch):
     that directory counts as outside, so that ``..`` of the workspace is outside too."""
     import ds4agent.tools.classify as classify
 
-    monkeypatch.setattr(classify, "temp_dirs", lambda: ())
+    monkeypatch.setattr(classify.places, "temp_dirs", lambda: ())
 
 
 @pytest.fixture()
