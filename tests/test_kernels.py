@@ -574,6 +574,15 @@ def test_build_survives_a_damaged_cache_and_remembers_failures(tmp_path, monkeyp
     assert calls == []  # remembered: no compiler run
 
 
+def test_the_build_key_covers_every_part_of_the_source() -> None:
+    """cpu.c includes its parts (one translation unit): every cpu*.c beside it is one of them, so
+    a change to any part makes a new build rather than loading a stale library."""
+    from ds4agent.engine.kernels import cpu_build
+
+    assert {p.name for p in cpu_build.sources()} == {p.name for p in cpu_build.SOURCE.parent.glob("cpu*.c")}
+    assert len(cpu_build.sources()) > 1
+
+
 def test_unusable_cache_is_one_clear_error(tmp_path, monkeypatch) -> None:
     """A home whose kernels folder cannot be made (here: a file is in the way, which stops
     root too): one BuildError, so the engine falls back with a note."""

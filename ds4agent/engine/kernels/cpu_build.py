@@ -13,6 +13,7 @@ import ctypes
 import hashlib
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -33,6 +34,12 @@ class BuildError(RuntimeError):
 
 def _cache_dir() -> Path:
     return settings.kernels_dir()
+
+
+def sources() -> list[Path]:
+    """cpu.c and the parts it includes (one translation unit): what a build is keyed by."""
+    parts = re.findall(rb'^#include "([a-z_0-9]+\.c)"', SOURCE.read_bytes(), flags=re.M)
+    return [SOURCE] + [SOURCE.with_name(p.decode()) for p in parts]
 
 
 def cpu_identity() -> str:
@@ -85,7 +92,7 @@ def build() -> ctypes.CDLL:
     if cc is None:
         raise BuildError("no C compiler found (install gcc or clang, or set CC)")
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
-    src = SOURCE.read_bytes()
+    src = b"".join(p.read_bytes() for p in sources())
     errors: list[str] = []
     # OpenMP spreads rows over every core; without it (e.g. Apple clang) the kernels run on one.
     for flags in (BASE_FLAGS + ["-fopenmp"], BASE_FLAGS):

@@ -1,0 +1,326 @@
+/* Part of cpu.c, which includes it (one translation unit, one library): Hyper-connections and the
+ * routed experts (ds4_moe). */
+
+/* -- hyper-connections ------------------------------------------------------------------ *
+ * The residual stream is hc parallel copies; before each sublayer they are mixed into one
+ * input and a Sinkhorn-balanced hc x hc comb, after it spread back (docs/model.md).
+ * In MLX ops these are some hundred tiny operations per layer, a fifth of a decode step on
+ * the CPU; here they are a few microseconds. Same formulas as model.hc_pre / hc_post. */
+static inline float sigmoidf(float v) { return 1.0f / (1.0f + expf(-v)); }
+
+int ds4_hc_pre(const float *X, int64_t T, int64_t hc, int64_t E, const uint8_t *fn, int fn_type,
+               int64_t fn_row_bytes, const float *scale, const float *base, float rms_eps, float eps,
+               int iters, float *x_out, float *post_out, float *M_out) {
+    deq_fn deq = dequantiser(fn_type);
+    if (!deq || hc > 16) return -1;
+    const int64_t F = hc * E, R = (2 + hc) * hc;
+    float *flat = malloc((size_t)(T * F) * sizeof *flat), *mix = malloc((size_t)(T * R) * sizeof *mix);
+    if (!flat || !mix) { free(flat); free(mix); return -2; }
+    for (int64_t t = 0; t < T; t++) {
+        const float *xt = X + t * F;
+        double ss = 0.0;
+        for (int64_t k = 0; k < F; k++) ss += (double)xt[k] * xt[k];
+        const float r = 1.0f / sqrtf((float)(ss / (double)F) + rms_eps);
+        for (int64_t k = 0; k < F; k++) flat[t * F + k] = xt[k] * r;
+    }
+    matmul(fn, deq, fn_row_bytes, R, F, flat, F, T, mix, R);
+    for (int64_t t = 0; t < T; t++) {
+        const float *m = mix + t * R;
+        float pre[16], *post = post_out + t * hc, *M = M_out + t * hc * hc;
+        for (int64_t i = 0; i < hc; i++) {
+            pre[i] = sigmoidf(m[i] * scale[0] + base[i]) + eps;
+            post[i] = 2.0f * sigmoidf(m[hc + i] * scale[1] + base[hc + i]);
+        }
+        for (int64_t i = 0; i < hc; i++) {  /* M[src][dst]: softmax over dst */
+            float *row = M + i * hc, mx = -INFINITY, sum = 0.0f;
+            for (int64_t j = 0; j < hc; j++) {
+                row[j] = m[2 * hc + i * hc + j] * scale[2] + base[2 * hc + i * hc + j];
+                mx = row[j] > mx ? row[j] : mx;
+            }
+            for (int64_t j = 0; j < hc; j++) sum += (row[j] = expf(row[j] - mx));
+            for (int64_t j = 0; j < hc; j++) row[j] = row[j] / sum + eps;
+        }
+        for (int it = 0; it < iters; it++) {
+            if (it > 0)  /* rows (over dst), from the second round on */
+                for (int64_t i = 0; i < hc; i++) {
+                    float sum = 0.0f;
+                    for (int64_t j = 0; j < hc; j++) sum += M[i * hc + j];
+                    for (int64_t j = 0; j < hc; j++) M[i * hc + j] /= sum + eps;
+                }
+            for (int64_t j = 0; j < hc; j++) {  /* columns (over src) */
+                float sum = 0.0f;
+                for (int64_t i = 0; i < hc; i++) sum += M[i * hc + j];
+                for (int64_t i = 0; i < hc; i++) M[i * hc + j] /= sum + eps;
+            }
+        }
+        float *xo = x_out + t * E;
+        const float *xt = X + t * F;
+        for (int64_t c = 0; c < E; c++) {
+            float acc = 0.0f;
+            for (int64_t i = 0; i < hc; i++) acc += pre[i] * xt[i * E + c];
+            xo[c] = acc;
+        }
+    }
+    free(flat);
+    free(mix);
+    return 0;
+}
+
+/* X_new[t, j] = post[t, j] * y[t] + sum_i M[t, i, j] X[t, i] (the transpose of the comb). */
+void ds4_hc_post(const float *y, const float *X, const float *post, const float *M, int64_t T, int64_t hc,
+                 int64_t E, float *out) {
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t j = 0; j < hc; j++) {
+            float *o = out + (t * hc + j) * E;
+            const float pj = post[t * hc + j];
+            for (int64_t c = 0; c < E; c++) o[c] = pj * y[t * E + c];
+            for (int64_t i = 0; i < hc; i++) {
+                const float mij = M[(t * hc + i) * hc + j];
+                const float *xi = X + (t * hc + i) * E;
+                for (int64_t c = 0; c < E; c++) o[c] += mij * xi[c];
+            }
+        }
+}
+
+/* -- routed experts ----------------------------------------------------------------------- *
+ * For every expert chosen by some token: gather those tokens' rows, gate and up products,
+ * clamped SwiGLU scaled by the routing weight, down product, added into the tokens' outputs.
+ * Only the chosen experts' rows are read.
+ *
+ * Two ways to spread the work over the cores, by how many experts there are to go round:
+ *
+ * - by expert (at least MOE_BY_EXPERT chosen experts per core: a prefill chunk's tokens
+ *   choose nearly all of them): the cores take whole experts, round robin in ascending id. A
+ *   256-token chunk gives each expert about 6 tokens, and splitting three small products per
+ *   expert across the cores cost a barrier each and left the SwiGLU to one core (two cores
+ *   ran only 1.35x faster than one). Each core sums its experts' outputs in ascending expert
+ *   order into its own buffer; the buffers are added in core order, so the result depends on
+ *   the thread count but not on scheduling.
+ *
+ * - by rows (fewer: decode, where a token chooses 6 experts): every core takes the same share
+ *   of the rows of every chosen expert's three matrices, so every core streams weights
+ *   whatever their number (whole experts kept 6 of 16 cores busy at one token). Gate, up and
+ *   the SwiGLU of a core's rows; a barrier; the down products' rows; a barrier; then each
+ *   output is the sum of the experts' outputs in ascending expert order: the same bits for
+ *   any number of cores. */
+enum { MOE_BY_EXPERT = 4 };
+
+/* Rows f0 .. f1 of the m tokens' gate rows g (F apart) become the clamped SwiGLU times the
+ * token's routing weight (slot order[j] of route_w). */
+static void swiglu(float *g, const float *u, int64_t F, int64_t f0, int64_t f1, int64_t m, const int64_t *order,
+                   const float *route_w, float clamp) {
+    for (int64_t j = 0; j < m; j++) {
+        const float w = route_w[order[j]];
+        float *gj = g + j * F;
+        const float *uj = u + j * F;
+        for (int64_t f = f0; f < f1; f++) {
+            const float gv = gj[f] < clamp ? gj[f] : clamp;
+            const float uv = uj[f] < -clamp ? -clamp : (uj[f] > clamp ? clamp : uj[f]);
+            gj[f] = gv / (1.0f + expf(-gv)) * uv * w;
+        }
+    }
+}
+
+/* The weights of one layer's experts and what the products need to read them. */
+typedef struct {
+    const uint8_t *gate, *up, *down;
+    int gu_type, d_type;
+    deq_fn deq_gu, deq_d;
+    int64_t gu_row_bytes, d_row_bytes, E, F;
+    float clamp;
+    int int8;
+} moe_weights;
+
+/* An expert's tokens' activations for one product, quantised once (format f, kprep's
+ * arrangement xp where the kernel takes one). */
+typedef struct {
+    void *q;
+    int8_t *xp;
+    int f;
+} moe_acts;
+
+static int moe_quantise(moe_acts *a, int type, const float *X, int64_t m, int64_t n, int int8) {
+    if (!(a->q = malloc(act_bytes(m, n)))) return -2;
+    a->f = quantise(type, X, m, n, int8, a->q);
+    a->xp = a->f == 2 ? kprep(type, a->q, m, n / 256) : NULL;
+    return 0;
+}
+
+static void moe_acts_free(moe_acts *a) {
+    free(a->q);
+    free(a->xp);
+}
+
+typedef struct {
+    float *xs, *g, *u, *o, *y;
+} moe_scratch;
+
+static int moe_expert(const moe_weights *mw, int64_t e, const float *X, int64_t k, const int64_t *order, int64_t m,
+                      const float *route_w, moe_scratch *sc) {
+    const int64_t E = mw->E, F = mw->F;
+    for (int64_t j = 0; j < m; j++) memcpy(sc->xs + j * E, X + (order[j] / k) * E, (size_t)E * 4);
+    moe_acts a = {0}, h = {0};
+    if (moe_quantise(&a, mw->gu_type, sc->xs, m, E, mw->int8)) return -2;  /* once for gate and up */
+    apply(mw->gate + e * F * mw->gu_row_bytes, mw->gu_type, mw->deq_gu, mw->gu_row_bytes, F, E, sc->xs, m, sc->g, F,
+          a.f, a.q, a.xp);
+    apply(mw->up + e * F * mw->gu_row_bytes, mw->gu_type, mw->deq_gu, mw->gu_row_bytes, F, E, sc->xs, m, sc->u, F, a.f,
+          a.q, a.xp);
+    moe_acts_free(&a);
+    swiglu(sc->g, sc->u, F, 0, F, m, order, route_w, mw->clamp);
+    if (moe_quantise(&h, mw->d_type, sc->g, m, F, mw->int8)) return -2;
+    apply(mw->down + e * E * mw->d_row_bytes, mw->d_type, mw->deq_d, mw->d_row_bytes, E, F, sc->g, m, sc->o, E, h.f,
+          h.q, h.xp);
+    moe_acts_free(&h);
+    for (int64_t j = 0; j < m; j++) {
+        float *y = sc->y + (order[j] / k) * E;
+        const float *oj = sc->o + j * E;
+        for (int64_t c = 0; c < E; c++) y[c] += oj[c];
+    }
+    return 0;
+}
+
+static int moe_by_expert(const moe_weights *mw, const float *X, int64_t T, int64_t k, const int64_t *count,
+                         const int64_t *order, const int64_t *chosen, int64_t n_chosen, int64_t most,
+                         const float *route_w, float *Y, int threads) {
+    const int64_t E = mw->E, F = mw->F;
+    int rc = 0;
+    float **partial = calloc((size_t)threads, sizeof *partial);
+    if (!partial) return -2;
+#pragma omp parallel num_threads(threads)
+    {
+        const int me = omp_get_thread_num();
+        moe_scratch sc = {malloc((size_t)(most * E) * 4), malloc((size_t)(most * F) * 4), malloc((size_t)(most * F) * 4),
+                          malloc((size_t)(most * E) * 4), me ? calloc((size_t)(T * E), 4) : Y};
+        partial[me] = sc.y;
+        const int ok = sc.xs && sc.g && sc.u && sc.o && sc.y;
+        if (!ok) {
+#pragma omp atomic write
+            rc = -2;
+        }
+        /* every thread meets the work-sharing loop, even one whose buffers failed */
+#pragma omp for schedule(static, 1)
+        for (int64_t c = 0; c < n_chosen; c++) {
+            if (!ok) continue;
+            const int64_t e = chosen[c], lo = count[e];
+            if (moe_expert(mw, e, X, k, order + lo, count[e + 1] - lo, route_w, &sc)) {
+#pragma omp atomic write
+                rc = -2;
+            }
+        }
+        free(sc.xs); free(sc.g); free(sc.u); free(sc.o);
+#pragma omp barrier
+        /* add the other cores' sums into Y (thread 0's buffer), in core order */
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < T * E; i++)
+            for (int t = 1; t < threads; t++)
+                if (partial[t]) Y[i] += partial[t][i];
+        if (me) free(sc.y);
+    }
+    free(partial);
+    return rc;
+}
+
+static int moe_by_rows(const moe_weights *mw, const float *X, int64_t T, int64_t k, const int64_t *count,
+                       const int64_t *order, const int64_t *chosen, int64_t n_chosen, const float *route_w, float *Y) {
+    const int64_t E = mw->E, F = mw->F, S = T * k;  /* S slots (token, choice), expert by expert in order */
+    float *xs = malloc((size_t)(S * E) * 4), *g = malloc((size_t)(S * F) * 4), *u = malloc((size_t)(S * F) * 4);
+    float *o = malloc((size_t)(S * E) * 4);
+    moe_acts *a = calloc((size_t)n_chosen, sizeof *a), *h = calloc((size_t)n_chosen, sizeof *h);
+    int rc = xs && g && u && o && a && h ? 0 : -2;
+    if (!rc) {
+#pragma omp parallel
+        {
+            const int64_t nt = omp_get_num_threads(), me = omp_get_thread_num();
+            /* each expert's inputs gathered and quantised once, for gate and up */
+#pragma omp for schedule(static)
+            for (int64_t c = 0; c < n_chosen; c++) {
+                const int64_t lo = count[chosen[c]], m = count[chosen[c] + 1] - lo;
+                for (int64_t j = 0; j < m; j++) memcpy(xs + (lo + j) * E, X + (order[lo + j] / k) * E, (size_t)E * 4);
+                if (moe_quantise(a + c, mw->gu_type, xs + lo * E, m, E, mw->int8)) {
+#pragma omp atomic write
+                    rc = -2;
+                }
+            }
+            /* (the loop's barrier: every input is ready, and rc is the same for all) */
+            if (!rc) {
+                const int64_t f0 = F * me / nt, f1 = F * (me + 1) / nt;
+                for (int64_t c = 0; c < n_chosen; c++) {
+                    const int64_t e = chosen[c], lo = count[e], m = count[e + 1] - lo;
+                    const int64_t at = e * F + f0;
+                    apply(mw->gate + at * mw->gu_row_bytes, mw->gu_type, mw->deq_gu, mw->gu_row_bytes, f1 - f0, E,
+                          xs + lo * E, m, g + lo * F + f0, F, a[c].f, a[c].q, a[c].xp);
+                    apply(mw->up + at * mw->gu_row_bytes, mw->gu_type, mw->deq_gu, mw->gu_row_bytes, f1 - f0, E,
+                          xs + lo * E, m, u + lo * F + f0, F, a[c].f, a[c].q, a[c].xp);
+                    swiglu(g + lo * F, u + lo * F, F, f0, f1, m, order + lo, route_w, mw->clamp);
+                }
+            }
+#pragma omp barrier
+#pragma omp for schedule(static)
+            for (int64_t c = 0; c < n_chosen; c++) {
+                const int64_t lo = count[chosen[c]], m = count[chosen[c] + 1] - lo;
+                if (!rc && moe_quantise(h + c, mw->d_type, g + lo * F, m, F, mw->int8)) {
+#pragma omp atomic write
+                    rc = -2;
+                }
+            }
+            if (!rc) {
+                const int64_t r0 = E * me / nt, r1 = E * (me + 1) / nt;
+                for (int64_t c = 0; c < n_chosen; c++) {
+                    const int64_t e = chosen[c], lo = count[e], m = count[e + 1] - lo;
+                    apply(mw->down + (e * E + r0) * mw->d_row_bytes, mw->d_type, mw->deq_d, mw->d_row_bytes, r1 - r0, F,
+                          g + lo * F, m, o + lo * E + r0, E, h[c].f, h[c].q, h[c].xp);
+                }
+            }
+#pragma omp barrier
+            /* each output in ascending expert order (slots are expert by expert) */
+            enum { COLS = 256 };
+#pragma omp for schedule(static)
+            for (int64_t c0 = 0; c0 < E; c0 += COLS) {
+                const int64_t c1 = E - c0 < COLS ? E : c0 + COLS;
+                for (int64_t s = 0; s < S && !rc; s++) {
+                    float *y = Y + (order[s] / k) * E;
+                    const float *os = o + s * E;
+                    for (int64_t col = c0; col < c1; col++) y[col] += os[col];
+                }
+            }
+        }
+    }
+    for (int64_t c = 0; a && h && c < n_chosen; c++) {
+        moe_acts_free(a + c);
+        moe_acts_free(h + c);
+    }
+    free(xs); free(g); free(u); free(o); free(a); free(h);
+    return rc;
+}
+
+int ds4_moe(const float *X, int64_t T, int64_t E, int64_t F, int64_t n_expert, int64_t k,
+            const int32_t *sel, const float *route_w,
+            const uint8_t *gate, const uint8_t *up, int gu_type, int64_t gu_row_bytes,
+            const uint8_t *down, int d_type, int64_t d_row_bytes, float clamp, float *Y, int int8) {
+    const moe_weights mw = {gate, up, down, gu_type, d_type, dequantiser(gu_type), dequantiser(d_type),
+                            gu_row_bytes, d_row_bytes, E, F, clamp, int8};
+    if (!mw.deq_gu || !mw.deq_d) return -1;
+    for (int64_t i = 0; i < T * k; i++)
+        if (sel[i] < 0 || sel[i] >= n_expert) return -3;
+    int64_t *count = calloc((size_t)n_expert + 1, sizeof *count), *fill = calloc((size_t)n_expert, sizeof *fill);
+    int64_t *order = malloc((size_t)(T * k) * sizeof *order), *chosen = malloc((size_t)n_expert * sizeof *chosen);
+    int rc = 0;
+    if (!count || !fill || !order || !chosen) { rc = -2; goto done; }
+    for (int64_t i = 0; i < T * k; i++) count[sel[i] + 1]++;
+    int64_t n_chosen = 0, most = 0;
+    for (int64_t e = 0; e < n_expert; e++) {
+        const int64_t m = count[e + 1];
+        if (m) chosen[n_chosen++] = e;
+        if (m > most) most = m;
+        count[e + 1] += count[e];
+    }
+    for (int64_t i = 0; i < T * k; i++) order[count[sel[i]] + fill[sel[i]]++] = i;  /* token-major per expert */
+    const int threads = omp_get_max_threads();
+    if (n_chosen >= MOE_BY_EXPERT * threads)
+        rc = moe_by_expert(&mw, X, T, k, count, order, chosen, n_chosen, most, route_w, Y, threads);
+    else
+        rc = moe_by_rows(&mw, X, T, k, count, order, chosen, n_chosen, route_w, Y);
+done:
+    free(count); free(fill); free(order); free(chosen);
+    return rc;
+}

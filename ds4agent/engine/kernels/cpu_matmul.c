@@ -1,0 +1,222 @@
+/* Part of cpu.c, which includes it (one translation unit, one library): Choosing the kernel for a
+ * product: ds4_matmul, ds4_matmul_multi, ds4_matmul_grouped. */
+
+/* Up to this many tokens read each weight block straight from the file per token; more
+ * tokens decode each row once into wblocks first (measured crossover on AVX-512 Zen 4). */
+#define DIRECT_MAX_T 3
+#define REG_MAX_T 16
+/* The expert kernels ask for the row pf_rows ahead, all of it, before decoding this one. A
+ * routed expert's rows are a 2-3 MB run the demand misses walk one line at a time; the
+ * hardware prefetchers stop at every 4 KB page, and where page walks are dear (a virtual
+ * machine) one core streamed 1.7 GB/s of expert rows at one token, 5 GB/s with this (the
+ * kernel's own speed). Where the few-token Q8_0 kernel above is not built (no AVX-512 VNNI),
+ * the one-token Q8_0 product asks for its next four rows the same way: on 2 cores of an AMD
+ * EPYC (Zen 5) VM the Flash output head went from 22 to 16 ms (25 -> 35 GB/s; a plain read of
+ * the same mapping runs at 45), where on an Intel Xeon VM an earlier row-ahead prefetch had
+ * measured no gain. */
+
+/* Y[t, r] = sum_k xhat[t, k] W[r, k] with the activations already quantised (Xq: T rows of
+ * n/32 blocks, or Xk: kblocks, with xp their kprep() arrangement if the caller made it).
+ * Rows are spread over the cores; each weight row is read once for all tokens. */
+static void matmul_int8(const uint8_t *W, int type, int64_t row_bytes, int64_t out, int64_t n,
+                        const qblock *Xq, const kblock *Xk, const int8_t *xp, int64_t T, float *Y, int64_t y_stride) {
+    const int64_t nb = n / 32;
+    const int parallel = out * n >= (1 << 16);
+    (void)parallel;
+    /* IQ2_XXS and Q2_K below REG_MAX_T tokens (Xk: kblocks). Packed rows decoded in
+     * registers for up to KT_MAX tokens at a time beat decoding each row once into wblocks
+     * up to about 16 tokens; past that the table lookups and bit unpacking repeated per pass
+     * cost more. */
+    if (Xk) {
+        const int64_t nsb = n / 256;
+        int8_t *own = xp ? NULL : kprep(type, Xk, T, nsb);
+        if (own) xp = own;
+        enum { RB = 16 };
+        const int64_t nblk = (out + RB - 1) / RB;
+#pragma omp parallel for schedule(static) if (parallel)
+        for (int64_t blk = 0; blk < nblk; blk++) {
+            const int64_t r0 = blk * RB, r1 = out - r0 < RB ? out : r0 + RB;
+            for (int64_t t = 0; t < T; t += KT_MAX) {
+                const int nt = T - t < KT_MAX ? (int)(T - t) : KT_MAX;
+                krows(type, W, row_bytes, r0, r1, out, Xk + t * nsb, xp ? xp + t * kprep_bytes(nsb) : NULL, nsb, nt,
+                      Y + t * y_stride, y_stride, t == 0);
+            }
+        }
+        free(own);
+        return;
+    }
+#if defined(HAVE_AMX)
+    if (type == T_Q8_0 && T >= WIDE_MIN_T && amx_on() && !matmul_q8_0_amx(W, row_bytes, out, nb, Xq, T, Y, y_stride, parallel))
+        return;
+#endif
+#if defined(HAVE_VNNI512)
+    if (type == T_Q8_0 && T >= WIDE_MIN_T && __atomic_load_n(&vnni512_on_, __ATOMIC_RELAXED) &&
+        !matmul_q8_0_vnni(W, row_bytes, out, nb, Xq, T, Y, y_stride, parallel))
+        return;
+#endif
+    if (T > DIRECT_MAX_T) {
+        wdot_fn wdot = 0;
+        wdot2_fn wdot2 = 0;
+        wdot4_fn wdot4 = 0;
+        wdot2x4_fn wdot2x4 = 0;
+        idec_fn dec = int8_decoder(type, &wdot, &wdot2, &wdot4, &wdot2x4);
+        /* Rows are decoded RB at a time and each pair of tokens visits all RB of them, so a
+         * token's activations are read from L1 RB times instead of streaming the whole
+         * batch from L3 once per row. */
+        enum { RB = 8 };
+        const int64_t nblk = (out + RB - 1) / RB;
+#pragma omp parallel if (parallel)
+        {
+            wblock *rows = malloc((size_t)(RB * nb) * sizeof *rows);
+#pragma omp for schedule(static)
+            for (int64_t blk = 0; blk < nblk; blk++) {
+                const int64_t r0 = blk * RB, nr = out - r0 < RB ? out - r0 : RB;
+                for (int64_t i = 0; i < nr; i++) dec(W + (r0 + i) * row_bytes, rows + i * nb, nb);
+                int64_t t = 0;
+                for (; t + 4 <= T; t += 4) {
+                    int64_t i = 0;
+                    for (; i + 2 <= nr; i += 2) {
+                        float eight[8];
+                        wdot2x4(rows + i * nb, rows + (i + 1) * nb, Xq + t * nb, nb, eight);
+                        for (int j = 0; j < 4; j++) {
+                            Y[(t + j) * y_stride + r0 + i] = eight[j];
+                            Y[(t + j) * y_stride + r0 + i + 1] = eight[4 + j];
+                        }
+                    }
+                    for (; i < nr; i++) {
+                        float four[4];
+                        wdot4(rows + i * nb, Xq + t * nb, nb, four);
+                        for (int j = 0; j < 4; j++) Y[(t + j) * y_stride + r0 + i] = four[j];
+                    }
+                }
+                for (; t + 2 <= T; t += 2)
+                    for (int64_t i = 0; i < nr; i++) {
+                        float two[2];
+                        wdot2(rows + i * nb, Xq + t * nb, Xq + (t + 1) * nb, nb, two);
+                        Y[t * y_stride + r0 + i] = two[0];
+                        Y[(t + 1) * y_stride + r0 + i] = two[1];
+                    }
+                for (; t < T; t++)
+                    for (int64_t i = 0; i < nr; i++) Y[t * y_stride + r0 + i] = wdot(rows + i * nb, Xq + t * nb, nb);
+            }
+            free(rows);
+        }
+        return;
+    }
+    idot_fn dot = int8_dot(type);
+#if defined(HAVE_Q8_FEW)
+    if (type == T_Q8_0 && nb % 8 == 0 && !matmul_q8_0_few(W, row_bytes, out, nb, Xq, T, Y, y_stride, parallel))
+        return;
+#endif
+#if defined(__AVX2__) && defined(__FMA__)
+    if (type == T_Q8_0 && T == 1) {
+        const int64_t quads = out / 4;
+#pragma omp parallel for schedule(static) if (parallel)
+        for (int64_t g = 0; g < quads; g++) {
+            float four[4];
+            if (g + 1 < quads) {  /* the next four rows, whole (see pf_rows) */
+                const uint8_t *next = W + 4 * (g + 1) * row_bytes;
+                for (int64_t o = 0; o < 4 * row_bytes; o += 64) __builtin_prefetch(next + o, 0, 3);
+            }
+            idot4_q8_0(W + 4 * g * row_bytes, row_bytes, Xq, nb, four);
+            memcpy(Y + 4 * g, four, sizeof four);
+        }
+        for (int64_t r = 4 * quads; r < out; r++) Y[r] = dot(W + r * row_bytes, Xq, nb);
+        return;
+    }
+#endif
+    /* Contiguous halves per thread: each core streams one run of rows, which the hardware
+     * prefetchers follow (explicit prefetching measured 2x slower on the output head). */
+#pragma omp parallel for schedule(static) if (parallel)
+    for (int64_t r = 0; r < out; r++)
+        for (int64_t t = 0; t < T; t++) Y[t * y_stride + r] = dot(W + r * row_bytes, Xq + t * nb, nb);
+}
+
+/* The activations a product of T tokens takes: 0 floats (no integer path for this type, or
+ * the exact kernels), 1 qblocks, 2 kblocks (IQ2_XXS and Q2_K below REG_MAX_T tokens). */
+static int act_format(int type, int64_t T, int64_t n, int int8) {
+    if (!int8 || !has_int8(type) || n % 32) return 0;
+    return (type == T_IQ2_XXS || type == T_Q2_K) && T < REG_MAX_T ? 2 : 1;
+}
+
+/* Scratch bytes for either format (a kblock covers 256 values in fewer bytes than 8 qblocks). */
+_Static_assert(sizeof(kblock) <= 8 * sizeof(qblock), "kblocks must fit a qblock scratch");
+static size_t act_bytes(int64_t T, int64_t n) { return (size_t)(T * (n / 32 + 1)) * sizeof(qblock); }
+
+/* Quantise X into scratch in the format a product with this weight type takes; returns it. */
+static int quantise(int type, const float *X, int64_t T, int64_t n, int int8, void *scratch) {
+    const int f = act_format(type, T, n, int8);
+    if (f == 1) ds4_quantize_act(X, T, n, scratch);
+    if (f == 2) ds4_quantize_k(X, T, n, scratch);
+    return f;
+}
+
+/* The product with X already quantised (acts, format f; xp: kprep()'s arrangement of kblocks,
+ * or NULL) or, f = 0, through float rows. */
+static void apply(const uint8_t *W, int type, deq_fn deq, int64_t row_bytes, int64_t out, int64_t n,
+                  const float *X, int64_t T, float *Y, int64_t y_stride, int f, const void *acts, const int8_t *xp) {
+    if (f)
+        matmul_int8(W, type, row_bytes, out, n, f == 1 ? acts : NULL, f == 2 ? acts : NULL, xp, T, Y, y_stride);
+    else
+        matmul(W, deq, row_bytes, out, n, X, n, T, Y, y_stride);
+}
+
+static void product(const uint8_t *W, int type, deq_fn deq, int64_t row_bytes, int64_t out, int64_t n,
+                    const float *X, int64_t T, float *Y, int64_t y_stride, int int8, void *scratch) {
+    apply(W, type, deq, row_bytes, out, n, X, T, Y, y_stride, quantise(type, X, T, n, int8, scratch), scratch, NULL);
+}
+
+/* Y (T, out) = X (T, n) W^T; int8: take the integer path where the weight type has one. */
+int ds4_matmul(const uint8_t *W, int type, int64_t row_bytes, int64_t out, int64_t n, const float *X,
+               int64_t T, float *Y, int int8) {
+    deq_fn deq = dequantiser(type);
+    if (!deq) return -1;
+    void *scratch = NULL;
+    if (act_format(type, T, n, int8) && !(scratch = malloc(act_bytes(T, n)))) return -2;
+    product(W, type, deq, row_bytes, out, n, X, T, Y, out, int8, scratch);
+    free(scratch);
+    return 0;
+}
+
+/* Several matrices sharing one input X (T, n) into Y[m] (T, out[m]): one call from Python and
+ * one quantisation of X per activation format for all of them (a layer asks for up to seven
+ * products of the same normalised activations; on decode each separate call cost more than
+ * its arithmetic). */
+int ds4_matmul_multi(int64_t M, const int64_t *W, const int32_t *type, const int64_t *row_bytes,
+                     const int64_t *out, int64_t n, const float *X, int64_t T, const int64_t *Y, int int8) {
+    int need[3] = {0, 0, 0};
+    for (int64_t m = 0; m < M; m++) {
+        if (!dequantiser(type[m])) return -1;
+        need[act_format(type[m], T, n, int8)] = 1;
+    }
+    void *acts[3] = {NULL, NULL, NULL};
+    int rc = 0;
+    for (int f = 1; f < 3; f++)
+        if (need[f] && !(acts[f] = malloc(act_bytes(T, n)))) rc = -2;
+    if (rc) goto done;
+    if (need[1]) ds4_quantize_act(X, T, n, acts[1]);
+    if (need[2]) ds4_quantize_k(X, T, n, acts[2]);
+    for (int64_t m = 0; m < M; m++) {
+        const int f = act_format(type[m], T, n, int8);
+        apply((const uint8_t *)(intptr_t)W[m], type[m], dequantiser(type[m]), row_bytes[m], out[m], n, X, T,
+              (float *)(intptr_t)Y[m], out[m], f, acts[f], NULL);
+    }
+done:
+    free(acts[1]);
+    free(acts[2]);
+    return rc;
+}
+
+/* Grouped product: group g of X (G contiguous (T, n) slabs) times rows g*R .. (g+1)*R of W,
+ * into columns g*R .. (g+1)*R of Y (T, G*R). The attention output projection in one call. */
+int ds4_matmul_grouped(const uint8_t *W, int type, int64_t row_bytes, int64_t G, int64_t R, int64_t n,
+                       const float *X, int64_t T, float *Y, int int8) {
+    deq_fn deq = dequantiser(type);
+    if (!deq) return -1;
+    void *scratch = NULL;
+    if (act_format(type, T, n, int8) && !(scratch = malloc(act_bytes(T, n)))) return -2;
+    for (int64_t g = 0; g < G; g++)
+        product(W + g * R * row_bytes, type, deq, row_bytes, R, n, X + g * T * n, T, Y + g * R, G * R, int8, scratch);
+    free(scratch);
+    return 0;
+}
