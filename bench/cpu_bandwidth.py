@@ -41,7 +41,7 @@ def main() -> None:
     if a.threads:
         os.environ["DS4_THREADS"] = str(a.threads)
     from ds4agent.engine import Engine
-    from ds4agent.engine.bench import bytes_per_token
+    from ds4agent.engine.reports.bench import bytes_per_token
     from ds4agent.engine.kernels import cpu
 
     with Engine.open(a.model, backend="cpu", kernels="cpu-exact" if a.exact else "cpu", ctx=4096) as e:

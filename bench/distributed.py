@@ -36,7 +36,7 @@ HERE = Path(__file__).resolve()
 def worker(path: str, split: str, prompt: int, gen: int, out: str, kernels: str | None, chunk: int) -> int:
     """One rank (under mlx.launch): rank 0 times prefill and decode; every rank writes what it
     sent and summed in each decode step (one token) to out.rankR.json."""
-    from ds4agent.engine.distributed import follow, open_engine
+    from ds4agent.engine.group.distributed import follow, open_engine
 
     engine = open_engine(path, split, backend="cpu", ctx=prompt + gen + 16, kernels=kernels)
     dist = engine.model
@@ -152,7 +152,7 @@ def _run_ranks(n: int, d: str, args: list[str], threads: int) -> tuple[dict | No
 
 
 def paper(mem_gbs: float, link_gbps: float, latency_us: float, ranks: list[int]) -> None:
-    from ds4agent.engine import split as splits
+    from ds4agent.engine.group import split as splits
     from ds4agent.modelfile.config import FLASH
     from ds4agent.modelfile.demo import write_model
     from ds4agent.modelfile.gguf import GGUFFile

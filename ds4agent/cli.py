@@ -35,7 +35,7 @@ def _open_engine(path, args: argparse.Namespace, ctx: int, flag: str = "--ctx"):
     (``flag`` names what set it): positions past it are extrapolation, the answers degrade
     without any sign, and the KV memory grows for nothing."""
     from .engine import Engine
-    from .engine.launch import launched
+    from .engine.group.launch import launched
 
     if getattr(args, "split", None) or getattr(args, "hosts", None) or getattr(args, "hostfile", None) or launched():
         engine = _open_group(path, args, ctx)
@@ -58,8 +58,8 @@ def _open_group(path, args: argparse.Namespace, ctx: int):
     """Several machines (docs/distributed.md): with --hosts/--hostfile this process becomes rank
     0 and starts the others; under mlx.launch it joins the group it was started in. A follower
     (rank > 0) never gets here: main() hands it to _follow."""
-    from .engine.distributed import open_engine
-    from .engine.launch import LaunchError, alive, launched, parse_hosts, read_hostfile, start
+    from .engine.group.distributed import open_engine
+    from .engine.group.launch import LaunchError, alive, launched, parse_hosts, read_hostfile, start
 
     if args.backend == "npu":
         raise UsageError("--split/--hosts run on MLX backends; --backend npu uses --devices on one machine")
@@ -81,7 +81,7 @@ def _open_group(path, args: argparse.Namespace, ctx: int):
 
 def _follow(args: argparse.Namespace) -> int:
     """A rank other than 0: open its share of the model and follow rank 0 until it closes."""
-    from .engine.distributed import follow, open_engine
+    from .engine.group.distributed import follow, open_engine
     from .modelfile import resolve_model
 
     from .engine import EngineError
@@ -551,7 +551,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from .engine import bench as benchmark
+    from .engine.reports import bench as benchmark
     from .modelfile import resolve_model
 
     if not 1 <= args.ctx_start <= args.ctx_max or args.gen_tokens < 1 or (args.step_mul or 2) <= 1 or args.step_incr < 1:
@@ -615,7 +615,7 @@ _BENCH_TEXT = (
 
 def main(argv: Sequence[str] | None = None) -> int:
     from .engine import ContextFullError, EngineError
-    from .engine.launch import GroupError
+    from .engine.group.launch import GroupError
     from .modelfile import ConfigError, GGUFError
     from .settings import ModelChoiceError
 
@@ -627,7 +627,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = parser.parse_args(argv)
         args.argv = argv  # --hosts starts the other ranks with the same arguments
-        from .engine.launch import follower
+        from .engine.group.launch import follower
 
         if follower() and args.command in ("chat", "agent", "bench", "serve"):
             return _follow(args)  # rank > 0 of a group: no terminal, socket or store here

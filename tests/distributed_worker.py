@@ -68,8 +68,8 @@ def main() -> int:
 
     path, split, kernels, out = sys.argv[1:5]
     single = sys.argv[5] if len(sys.argv) > 5 else None
-    from ds4agent.engine import distributed
-    from ds4agent.engine.distributed import follow, open_engine
+    from ds4agent.engine.group import distributed
+    from ds4agent.engine.group.distributed import follow, open_engine
 
     rank = int(os.environ["MLX_RANK"])
     if "," in path:  # one model file per rank: the handshake must refuse a mismatch

@@ -1,4 +1,4 @@
-"""Several processes with mx.distributed (engine/distributed.py) on loopback, ring backend.
+"""Several processes with mx.distributed (engine/group/distributed.py) on loopback, ring backend.
 
 Each configuration is one `mlx.launch -n N --backend ring` run of tests/distributed_worker.py:
 rank 0 runs the same scenario as one process does here (chunked prefill, greedy decode, seeded
@@ -113,7 +113,7 @@ def _check_pages(path: Path, split: str, n: int, spy: Path) -> None:
     experts (every rank reads the other tensors, each only its rows of the split matrices)."""
     import json
 
-    from ds4agent.engine import split as splits
+    from ds4agent.engine.group import split as splits
     from ds4agent.modelfile.config import config_from_gguf
     from ds4agent.modelfile.gguf import GGUFFile
 

@@ -1,4 +1,4 @@
-"""The plans of engine/split.py and the launcher's pure parts (engine/launch.py): no group."""
+"""The plans of engine/group/split.py and the launcher's pure parts (engine/group/launch.py): no group."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from ds4agent.engine import split as splits
-from ds4agent.engine.launch import (Host, LaunchError, follower_command, local_threads, read_hostfile, ring_hostfile,
+from ds4agent.engine.group import split as splits
+from ds4agent.engine.group.launch import (Host, LaunchError, follower_command, local_threads, read_hostfile, ring_hostfile,
                                     strip_options)
 from ds4agent.modelfile.config import FLASH
 

@@ -259,7 +259,7 @@ def test_inspect_kernels_prints_the_check(demo_path, capsys, monkeypatch) -> Non
     # GPU kernels (bodies on the CPU): the report of the check made at open, refusals included.
     # Engine.open cannot pick a GPU backend here, so it builds the engine as _engine does.
     from ds4agent.engine import engine as engine_mod
-    from ds4agent.engine import report
+    from ds4agent.engine.reports import check as report
 
     monkeypatch.setattr(gpu, "GpuKernels", HarnessGpu)
     _plant(monkeypatch, "wrong")

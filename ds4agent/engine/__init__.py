@@ -16,7 +16,7 @@ from .. import lazy
 _EXPORTS = {
     "Engine": ".engine", "EngineError": ".engine", "EngineInfo": ".engine",
     "Session": ".session", "Checkpoint": ".session", "Step": ".session", "ContextFullError": ".session",
-    "PayloadError": ".state", "SamplingParams": ".params", "kernel_report": ".report",
+    "PayloadError": ".state", "SamplingParams": ".params", "kernel_report": ".reports.check",
     "Tokenizer": "ds4agent.modelfile.tokenizer", "render": "ds4agent.protocol.template",
     "parse": "ds4agent.protocol.template",
 }

@@ -41,7 +41,7 @@ class Options:
 @dataclass(frozen=True)
 class Part:
     """The share of every layer one process of an expert split computes (docs/distributed.md;
-    engine/split.py chooses it). Everything else (norms, hyper-connections, the KV projection,
+    engine/group/split.py chooses it). Everything else (norms, hyper-connections, the KV projection,
     compressors, indexer, router) is computed in full by every process, so their KV states are
     equal and every discrete choice (experts, indexer rows) is made alike."""
 
@@ -174,7 +174,7 @@ class Model:
         self.advance(state, len(ids))
         return self.head(X, all_logits)
 
-    # A pipeline stage (engine/distributed.py) runs the same pieces: embed on the first stage,
+    # A pipeline stage (engine/group/distributed.py) runs the same pieces: embed on the first stage,
     # ``layers`` over its own range, ``head`` on the last; ``advance`` on every stage.
     def embed(self, ids: np.ndarray):
         """The hidden streams (T, hc, E) of tokens ``ids``: each token's embedding row, hc times."""

@@ -49,11 +49,11 @@ def _copy_frontier(fr: Frontier | None) -> Frontier | None:
 
 @dataclass
 class ModelState:
-    # A layer another process holds (a pipeline split, engine/distributed.py) is None here.
+    # A layer another process holds (a pipeline split, engine/group/distributed.py) is None here.
     layers: list[LayerState | None] = field(default_factory=list)
     n_tokens: int = 0
     xp: object = mx  # the array namespace the arrays are in (engine/xp.py)
-    # engine/distributed.py: the handle on the other processes' copy of this state (None: they
+    # engine/group/distributed.py: the handle on the other processes' copy of this state (None: they
     # hold the empty state, or there are none). Forks share it until a step replaces it.
     remote: object = None
 
@@ -197,7 +197,7 @@ def _read_layer(cfg: ModelConfig, i: int, n: int, take, rnd) -> LayerState:
 
 def layer_bytes(cfg: ModelConfig, st: LayerState, n: int) -> bytes:
     """One layer's state after n tokens in the payload's own per-layer layout: what a process
-    of a distributed group hands over for the layers it holds (engine/distributed.py), so that
+    of a distributed group hands over for the layers it holds (engine/group/distributed.py), so that
     the session file written from the pieces is one ordinary payload."""
     return b"".join(_layer_parts(st, min(n, cfg.sliding_window)))
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 
-from .engine import Engine
-from .kernels.check import self_check
-from .kernels.reference import ReferenceKernels
+from ..engine import Engine
+from ..kernels.check import self_check
+from ..kernels.reference import ReferenceKernels
 
 
 def kernel_report(path: str | os.PathLike[str], backend: str = "auto", kernels: str | None = None) -> list[str]:

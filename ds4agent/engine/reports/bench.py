@@ -17,7 +17,7 @@ from typing import IO, Callable
 
 import numpy as np
 
-from .engine import Engine
+from ..engine import Engine
 
 CSV_HEADER = "ctx_tokens,prefill_tokens,prefill_tps,gen_tokens,gen_tps,kvcache_bytes"
 
@@ -68,8 +68,8 @@ def read_probe(engine: Engine) -> float | None:
     if engine.info.backend != "cpu":
         return None
     try:
-        from .kernels import cpu
-        from .kernels.cpu_build import BuildError
+        from ..kernels import cpu
+        from ..kernels.cpu_build import BuildError
 
         big = max(engine.file.tensors.values(), key=lambda t: t.nbytes)
         return cpu.read_bandwidth(engine.file.array(big.name).view(np.uint8).reshape(-1)[: 1 << 30])
@@ -82,7 +82,7 @@ def prefetch_note(engine: Engine) -> str | None:
     once a forward pass has settled it; None elsewhere."""
     if engine.info.backend != "cpu" or engine.info.kernels not in ("cpu", "cpu-exact"):
         return None
-    from .kernels import cpu_tune
+    from ..kernels import cpu_tune
 
     p = cpu_tune.current()
     return p.describe() if p else None

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from gguf.constants import GGML_QUANT_SIZES
 
-from ..modelfile.config import ModelConfig
+from ...modelfile.config import ModelConfig
 
 SPLITS = ("pipeline", "experts")
 

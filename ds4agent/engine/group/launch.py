@@ -24,7 +24,7 @@ LOCAL = {"localhost", "127.0.0.1", "::1"}
 
 class GroupError(RuntimeError):
     """The group cannot go on, or could not form; one line naming the process or host. Defined
-    here (no MLX) so that the CLI can catch it; engine/link.py raises it."""
+    here (no MLX) so that the CLI can catch it; engine/group/link.py raises it."""
 
 
 def launched() -> bool:

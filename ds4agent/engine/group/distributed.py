@@ -32,17 +32,17 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 import numpy as np
 
-from .. import __version__
+from ... import __version__
 from . import split as splits
 from .launch import launched
 from .link import GroupError, Link, StderrFilter, init
-from .model import Model, Part
-from .session import Progress, Session
-from .state import ModelState, layer_bytes, layer_from_bytes, layer_nbytes
+from ..model import Model, Part
+from ..session import Progress, Session
+from ..state import ModelState, layer_bytes, layer_from_bytes, layer_nbytes
 
 if TYPE_CHECKING:
-    from .engine import Engine
-    from .info import EngineInfo
+    from ..engine import Engine
+    from ..info import EngineInfo
 
 # Commands (the first field of a header). A header is HEADER int64 values:
 # op, source state, new state, count (tokens or bytes), states to forget, flags, n_tokens, spare.
@@ -383,7 +383,7 @@ def open_engine(path, split: str, backend: str = "auto", ctx: int = 32768, kerne
     """Join the group this process was launched into and open the model as its share of
     ``split`` ("pipeline" or "experts"). Rank 0 gets an Engine whose sessions span the group;
     another rank gets one to call ``follow`` on. Problems are GroupError/EngineError, one line."""
-    from .engine import Engine, EngineError, open_parts
+    from ..engine import Engine, EngineError, open_parts
 
     if split not in splits.SPLITS:
         raise EngineError(f"unknown split {split!r} (choose from {', '.join(splits.SPLITS)})")
