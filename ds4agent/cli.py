@@ -10,8 +10,7 @@ from pathlib import Path
 from typing import Sequence
 
 from . import __version__
-
-GiB = 1024**3
+from .engine.choices import BACKENDS, KERNELS, SPLITS
 
 
 class UsageError(Exception):
@@ -23,10 +22,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UsageError(f"{message} (see '{self.prog} --help')")
-
-
-# engine/kernels.CHOICES, spelled out here because front ends never import MLX (tested equal).
-KERNELS = ("auto", "reference", "cpu", "cpu-exact", "metal", "cuda", "kquant", "gpu-host")
 
 
 def _open_engine(path, args: argparse.Namespace, ctx: int, flag: str = "--ctx"):
@@ -48,9 +43,9 @@ def _open_engine(path, args: argparse.Namespace, ctx: int, flag: str = "--ctx"):
         raise UsageError(f"{flag} {ctx} is more than this model was trained for ({trained} tokens, "
                          f"deepseek4.context_length); use at most {trained}")
     if engine.info.kernel_note:
-        print(f"ds4: note: {engine.info.kernel_note}", file=sys.stderr)
+        _say(f"note: {engine.info.kernel_note}")
     for line in engine.info.devices:  # --backend npu: what each device holds, and its memory
-        print(f"ds4: {line}", file=sys.stderr)
+        _say(line)
     return engine
 
 
@@ -59,7 +54,14 @@ def _open_group(path, args: argparse.Namespace, ctx: int):
     0 and starts the others; under mlx.launch it joins the group it was started in. A follower
     (rank > 0) never gets here: main() hands it to _follow."""
     from .engine.group.distributed import open_engine
-    from .engine.group.launch import LaunchError, alive, launched, parse_hosts, read_hostfile, start
+    from .engine.group.launch import (
+        LaunchError,
+        alive,
+        launched,
+        parse_hosts,
+        read_hostfile,
+        start,
+    )
 
     if args.backend == "npu":
         raise UsageError("--split/--hosts run on MLX backends; --backend npu uses --devices on one machine")
@@ -81,10 +83,9 @@ def _open_group(path, args: argparse.Namespace, ctx: int):
 
 def _follow(args: argparse.Namespace) -> int:
     """A rank other than 0: open its share of the model and follow rank 0 until it closes."""
+    from .engine import EngineError
     from .engine.group.distributed import follow, open_engine
     from .modelfile import resolve_model
-
-    from .engine import EngineError
 
     path = resolve_model(args.model).path if getattr(args, "model", None) is None else Path(args.model)
     try:
@@ -95,7 +96,6 @@ def _follow(args: argparse.Namespace) -> int:
     return follow(engine)
 
 
-BACKENDS = ("auto", "cpu", "metal", "cuda", "npu")  # engine.BACKENDS (tested equal)
 MODEL_CHOICE = ("Model choice: -m PATH, else $DS4_MODEL, else 'model' in ~/.ds4agent/config.toml, else the built-in "
                 "demo model (tiny, random weights).")
 
@@ -114,7 +114,7 @@ def _add_engine(group: argparse._ActionsContainer) -> None:
                             "host torch)")
     group.add_argument("--w8a8", action="store_true",
                        help="--backend npu: int8 weights and activations for the Q8_0 matrices (see docs/ascend.md)")
-    group.add_argument("--split", choices=("pipeline", "experts"), default=None,
+    group.add_argument("--split", choices=SPLITS, default=None,
                        help="several machines: pipeline = layers divided (fits a model no one host holds), experts "
                             "= experts and heads divided (faster decode); default pipeline (docs/distributed.md)")
     group.add_argument("--hosts", metavar="A,B,...", default=None,
@@ -275,64 +275,37 @@ def build_parser() -> argparse.ArgumentParser:
 
 # -- commands ---------------------------------------------------------------------------------
 
-def _fmt_gib(n: int) -> str:
-    return f"{n / GiB:.3f} GiB" if n >= GiB / 100 else f"{n / 2**20:.1f} MiB"
+def _say(text: str) -> None:
+    """One line from ds4 itself on standard error ("ds4: ..."), through the terminal owner."""
+    from .ui.terminal import Out
+
+    Out(sys.stderr, tty=False, err=sys.stderr).note(text)
+
+
+def _stdout():
+    from .ui.terminal import Out
+
+    return Out(sys.stdout, tty=False)
+
+
+def _stderr():
+    from .ui.terminal import Out
+
+    return Out(sys.stderr, tty=False)
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from .modelfile import describe
-    from .modelfile import resolve_model
+    from .modelfile import describe, resolve_model
+    from .ui.reports import inspect_lines
 
     path = resolve_model(args.model).path if args.model is None else Path(args.model)
     r = describe(path)
-    c = r.config
-    ratios = c.compress_ratios
-    n0, n4, n128 = ratios.count(0), ratios.count(4), ratios.count(128)
-    if r.is_flash:
-        layout = "the published DeepSeek V4 Flash layout (every value and tensor checked)"
-    elif r.claims_flash:
-        layout = "claims the DeepSeek V4 Flash shape but differs from it:"
-    elif r.problems:
-        layout = "deepseek4 model with an inconsistent tensor layout:"
-    else:
-        layout = "a deepseek4 model of another shape (not the published Flash), layout consistent"
-    lines = [
-        f"file          {r.path}  ({_fmt_gib(r.file_size)})",
-        f"model         {c.name or '(unnamed)'}  [architecture deepseek4]",
-        f"layout        {layout}",
-    ]
-    lines += [f"                - {p}" for p in r.problems[:20]]
-    if len(r.problems) > 20:
-        lines.append(f"                ... and {len(r.problems) - 20} more")
-    lines += [
-        f"layers        {c.n_layer}: {n0} window-only, {n4} ratio-4 + indexer, {n128} ratio-128; "
-        f"hash-routed {c.n_hash_layer}",
-        f"attention     hidden {c.n_embd}, {c.n_head} heads x {c.head_dim} (rope tail {c.n_rot}), "
-        f"q rank {c.q_lora_rank}, out {c.n_out_group} groups x {c.o_lora_rank}, window {c.sliding_window}",
-        f"indexer       {c.indexer_n_head} heads x {c.indexer_head_dim}, top-k {c.indexer_top_k}",
-        f"moe           {c.n_expert} experts, {c.n_expert_used} active, width {c.expert_ff}, "
-        f"{c.n_shared_expert} shared, scale {c.expert_weights_scale:g}",
-        f"rope          base {c.rope_base:g} (window layers), {c.compress_rope_base:g} + YaRN x{c.rope_scaling_factor:g} "
-        f"(compressed layers, original ctx {c.rope_orig_ctx})",
-        f"hyper-conn.   {c.hc_count} streams, {c.hc_sinkhorn_iters} Sinkhorn iterations",
-        f"vocabulary    {r.vocab_size} tokens, {r.n_merges} merges, {r.n_added} added tokens",
-        "special ids   " + ", ".join(f"{k} {v}" for k, v in r.special_ids.items()),
-        "quant mix     type       tensors        size",
-    ]
-    for q in r.quant_mix:
-        lines.append(f"              {q.type_name:<9}{q.tensors:>8}  {q.nbytes / GiB:>10.3f} GiB")
-    total = sum(q.nbytes for q in r.quant_mix)
-    lines.append(f"              {'total':<9}{len(r.tensors):>8}  {total / GiB:>10.3f} GiB")
-    if args.tensors:
-        lines.append("tensors       name                                         type      GGUF dims")
-        for t in r.tensors:
-            dims = "x".join(str(d) for d in t.dims)
-            lines.append(f"              {t.name:<44} {t.type_name:<9} {dims:<22} {_fmt_gib(t.nbytes):>12}")
+    lines = inspect_lines(r, args.tensors)
     if args.kernels is not None and r.usable:
         from .engine import kernel_report
 
         lines += kernel_report(path, args.backend, args.kernels)
-    print("\n".join(lines))
+    _stdout().line("\n".join(lines))
     return 0 if r.usable else 1
 
 
@@ -358,8 +331,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
             raise UsageError(str(e)) from None
     else:
         write_demo(out, args.preset, args.seed)
-    print(f"wrote {out} ({_fmt_gib(out.stat().st_size)}, preset {args.preset}, seed {args.seed}) "
-          f"in {time.perf_counter() - t0:.1f} s")
+    from .ui.reports import fmt_gib
+
+    _stdout().line(f"wrote {out} ({fmt_gib(out.stat().st_size)}, preset {args.preset}, seed {args.seed}) "
+                   f"in {time.perf_counter() - t0:.1f} s")
     return 0
 
 
@@ -419,7 +394,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
     sampling = _sampling(args)
     choice = resolve_model(args.model)
     if choice.is_demo:
-        print(DEMO_BANNER, file=sys.stderr)
+        _stderr().line(DEMO_BANNER)
     if args.dump_tokens:
         from .modelfile import Tokenizer
         from .ui.oneshot import dump_tokens
@@ -459,7 +434,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     sampling = _sampling(args)
     choice = resolve_model(args.model)
     if choice.is_demo:
-        print(DEMO_BANNER, file=sys.stderr)
+        _stderr().line(DEMO_BANNER)
     ws = Workspace.discover()
     interactive = task is None and is_interactive(sys.stdin, sys.stdout)
     try:
@@ -497,7 +472,7 @@ def _run_agent(args: argparse.Namespace, task: str | None, interactive: bool, ws
                     writable=tuple(os.path.abspath(d) for d in args.allow_write))
     note = policy.startup_note()
     if note:
-        print(f"ds4: {note}", file=sys.stderr)
+        _say(note)
     agent = Agent(engine, ws, policy, None, sampling=sampling, max_tokens=args.tokens, mode=args.mode,
                   extra_tools=setup.tools(), instructions=setup.instructions)
     err = Out(sys.stderr, tty=False)
@@ -515,7 +490,7 @@ def _run_agent(args: argparse.Namespace, task: str | None, interactive: bool, ws
             return 1
     if task is not None:
         for line in [s.line() for s in setup.status if not s.ok] + setup.skipped:  # said at start, like the banner
-            print(f"ds4: MCP server {line}", file=sys.stderr)
+            _say(f"MCP server {line}")
         return run_headless(agent, task, output_format, sys.stdout, sys.stderr, setup.mcp_summary(), setup.git_commit)
     if not interactive:
         raise UsageError("ds4 agent needs a terminal, or a task with -p")
@@ -536,11 +511,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.queue < 0:
         raise UsageError(f"--queue must be at least 0, got {args.queue}")
     if not is_loopback(args.host) and not args.api_key:
-        print(f"ds4: warning: listening on {args.host} without --api-key: anyone who can reach this port can use "
-              "the model", file=sys.stderr)
+        _say(f"warning: listening on {args.host} without --api-key: anyone who can reach this port can use the model")
     choice = resolve_model(args.model)
     if choice.is_demo:
-        print(DEMO_BANNER, file=sys.stderr)
+        _stderr().line(DEMO_BANNER)
     engine = _open_engine(choice.path, args, args.ctx)
     store = None
     if not args.no_disk_cache:
@@ -553,6 +527,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from .engine.reports import bench as benchmark
     from .modelfile import resolve_model
+    from .ui.reports import BenchProgress
+    from .ui.terminal import Out
 
     if not 1 <= args.ctx_start <= args.ctx_max or args.gen_tokens < 1 or (args.step_mul or 2) <= 1 or args.step_incr < 1:
         raise UsageError("need 1 <= --ctx-start <= --ctx-max, --gen-tokens >= 1, --step-incr >= 1, --step-mul > 1")
@@ -574,34 +550,23 @@ def cmd_bench(args: argparse.Namespace) -> int:
     per_token = benchmark.bytes_per_token(engine)
     probe = benchmark.read_probe(engine)
     if probe:
-        print(f"ds4: read bandwidth here: {probe / 1e9:.1f} GB/s (every core reading the model's mapping)",
-              file=sys.stderr, flush=True)
+        _say(f"read bandwidth here: {probe / 1e9:.1f} GB/s (every core reading the model's mapping)")
 
     def share(gen_tps: float) -> str:
         return f" ({100 * per_token * gen_tps / probe:.0f}% of the read bandwidth)" if probe else ""
 
-    tty = sys.stderr.isatty()
-
-    def progress(done: int, total: int, row) -> None:
-        line = (f"bench {done}/{total} [{'#' * (20 * done // total):<20}] ctx {row.ctx}: "
-                f"prefill {row.prefill_tps:.1f} t/s, generation {row.gen_tps:.1f} t/s{share(row.gen_tps)}")
-        if tty:
-            print(f"\r{line}\x1b[K", end="" if done < total else "\n", file=sys.stderr, flush=True)
-        else:
-            print(line, file=sys.stderr, flush=True)
-
-    rows = benchmark.run(engine, ids, points, args.gen_tokens, progress)
+    rows = benchmark.run(engine, ids, points, args.gen_tokens, BenchProgress(Out(sys.stderr, tty=sys.stderr.isatty()), share))
     if args.csv:
         with open(args.csv, "w", encoding="utf-8") as f:
             benchmark.write_csv(rows, f)
     else:
         benchmark.write_csv(rows, sys.stdout)
     gen = sum(r.gen_tps for r in rows) / len(rows)
-    print(f"ds4: {per_token / 1e9:.3f} GB of weights read per decoded token; at {gen:.2f} t/s that is "
-          f"{per_token * gen / 1e9:.2f} GB/s{share(gen)}", file=sys.stderr)
+    _say(f"{per_token / 1e9:.3f} GB of weights read per decoded token; at {gen:.2f} t/s that is "
+         f"{per_token * gen / 1e9:.2f} GB/s{share(gen)}")
     note = benchmark.prefetch_note(engine)
     if note:
-        print(f"ds4: CPU kernels' prefetch: {note}", file=sys.stderr)
+        _say(f"CPU kernels' prefetch: {note}")
     if args.plot:
         benchmark.plot(rows, args.plot, f"{engine.info.name} ({engine.info.backend}, {engine.info.kernels} kernels)")
     return 0
@@ -635,7 +600,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                    "demo": cmd_demo, "serve": cmd_serve}[args.command]
         return handler(args)
     except (UsageError, GGUFError, ConfigError, ModelChoiceError, EngineError, ContextFullError) as e:
-        print(f"ds4: error: {e}", file=sys.stderr)
+        _say(f"error: {e}")
         return 2 if isinstance(e, UsageError) else 1
     except GroupError:  # another machine of the group failed: the link said so in one line
         return 1
@@ -644,10 +609,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except OSError as e:
         where = f"{e.filename}: " if getattr(e, "filename", None) else ""
-        print(f"ds4: error: {where}{e.strerror or e}", file=sys.stderr)
+        _say(f"error: {where}{e.strerror or e}")
         return 1
     except KeyboardInterrupt:
-        print("\nds4: interrupted", file=sys.stderr)
+        _stderr().write("\n")
+        _say("interrupted")
         return 130
 
 

@@ -618,7 +618,10 @@ def test_bad_kernels_for_npu_is_one_line(demo_path) -> None:
 
 
 def test_cli_backends_are_the_engines() -> None:
+    """--backend offers exactly what Engine.open takes (engine/choices.py), npu included."""
     from ds4agent import cli
-    from ds4agent.engine.engine import BACKENDS
+    from ds4agent.engine import engine
 
-    assert cli.BACKENDS == BACKENDS
+    sub = cli.build_parser()._subparsers._group_actions[0].choices["chat"]
+    flag = next(a for a in sub._actions if "--backend" in a.option_strings)
+    assert tuple(flag.choices) == engine.BACKENDS and "npu" in flag.choices

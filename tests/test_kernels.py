@@ -450,11 +450,15 @@ def test_build_is_cached_per_machine(tmp_path, monkeypatch) -> None:
 
 
 def test_cli_kernel_choices_match_the_engine() -> None:
-    """cli.py spells the choices out (front ends never import MLX); they must stay equal."""
+    """--kernels (of every command that opens an engine, and of inspect) offers exactly what the
+    engine's kernel selection takes (engine/choices.py, read by the CLI without MLX)."""
     from ds4agent import cli
     from ds4agent.engine.kernels import CHOICES
 
-    assert cli.KERNELS == CHOICES
+    subs = cli.build_parser()._subparsers._group_actions[0].choices
+    for name in ("chat", "agent", "bench", "serve", "inspect"):
+        flag = next(a for a in subs[name]._actions if "--kernels" in a.option_strings)
+        assert tuple(flag.choices) == CHOICES, name
 
 
 def test_cli_flag_and_note(demo_path, capsys, monkeypatch) -> None:

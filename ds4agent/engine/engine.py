@@ -9,18 +9,22 @@ from typing import Callable
 
 import mlx.core as mx
 
-from ..modelfile.config import ModelConfig, check_tensors, claims_flash, config_from_gguf, validate_flash
+from ..modelfile.config import (
+    ModelConfig,
+    check_tensors,
+    claims_flash,
+    config_from_gguf,
+    validate_flash,
+)
 from ..modelfile.gguf import GGUFError, GGUFFile
 from ..modelfile.tokenizer import Tokenizer
+from .choices import BACKENDS
 from .info import EngineInfo
 from .kernels import KernelError
 from .kernels import select as select_kernels
 from .model import Model, Options
 from .session import Session
 from .weights import Weights
-
-# "npu" is the Ascend module (engine/ascend/: PyTorch + torch_npu), never chosen by "auto".
-BACKENDS = ("auto", "cpu", "metal", "cuda", "npu")
 
 
 class EngineError(ValueError):

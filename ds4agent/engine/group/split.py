@@ -20,8 +20,7 @@ from dataclasses import dataclass
 from gguf.constants import GGML_QUANT_SIZES
 
 from ...modelfile.config import ModelConfig
-
-SPLITS = ("pipeline", "experts")
+from ..choices import SPLITS
 
 
 class SplitError(ValueError):

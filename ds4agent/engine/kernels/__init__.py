@@ -32,10 +32,11 @@ runs it instead, with a one-line note. DS4_KERNEL_CHECK=0 skips the check.
 from __future__ import annotations
 
 from ... import settings
+from ..choices import KERNELS
 from ..weights import Weights
 from .interface import Kernels
 
-CHOICES = ("auto", "reference", "cpu", "cpu-exact", "metal", "cuda", "kquant", "gpu-host")
+CHOICES = KERNELS  # what --kernels and $DS4_KERNELS may name (engine/choices.py)
 
 
 class KernelError(ValueError):
