@@ -134,7 +134,7 @@ def test_a_server_that_never_answers_times_out(tmp_path) -> None:
 
 
 def test_configuration_and_workspace_trust(tmp_path, monkeypatch) -> None:
-    from ds4agent.ui.agent_setup import SetupError, allowed_servers, read_agent_settings
+    from ds4agent.conversation.agent_setup import SetupError, allowed_servers, read_agent_settings
 
     home, root = tmp_path / "home", tmp_path / "ws"
     home.mkdir()

@@ -14,7 +14,7 @@ from ds4agent.protocol.template import DSML
 from ds4agent.server import ServerOptions
 from ds4agent.server.requests import Defaults
 from ds4agent.server.run import ServerThread
-from ds4agent.conversation.toolmemory import SampledBlock
+from ds4agent.server.toolmemory import SampledBlock
 from ds4agent.sessions import SessionStore
 from ds4agent.engine import SamplingParams
 

@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..conversation.reply import Reply
-from ..conversation.toolmemory import SampledBlock, ToolMemory, calls_of_block
 from ..engine import SamplingParams
 from ..sessions import StoreError
+from .toolmemory import SampledBlock, ToolMemory, calls_of_block
 
 if TYPE_CHECKING:
     from ..sessions import SessionStore

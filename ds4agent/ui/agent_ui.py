@@ -10,11 +10,27 @@ from pathlib import Path
 from typing import IO, Callable, Iterator
 
 from ..conversation import Agent, Event, event_json
+from ..conversation.agent_setup import AgentSetup
 from ..sessions import SessionStore, StoreError
 from ..tools import MODES, SANDBOX_MODES, Request
 from .chat import run_tty
-from .commands import ChatCommands, commands_for, load_session, saved_sessions, session_line
-from .terminal import GREY, RESET, YELLOW, Out, TurnView, color_diff, run_events, short_count
+from .commands import (
+    ChatCommands,
+    commands_for,
+    load_session,
+    saved_sessions,
+    session_line,
+)
+from .terminal import (
+    GREY,
+    RESET,
+    YELLOW,
+    Out,
+    TurnView,
+    color_diff,
+    run_events,
+    short_count,
+)
 
 OUTPUTS_KEPT = 50  # commands whose whole output /output can show again
 
@@ -441,3 +457,17 @@ def _take_over(agent: Agent, out: Out) -> None:
         n = len(agent.conv.transcript.tokens) - len(agent.conv.session.tokens)
         out.note(f"resumed a chat session in the agent: it continues under the agent's system prompt, so tools are "
                  f"now available ({short_count(n)} tokens to prefill on the next turn)")
+
+
+def banner_lines(setup: AgentSetup) -> list[str]:
+    """What the banner says beyond the first line: instruction files loaded, MCP servers."""
+    lines = []
+    files = setup.instructions.files if setup.instructions is not None else []
+    lines.append("instructions: " + (", ".join(f.shown() for f in files) if files else
+                                     "none (AGENTS.md or CLAUDE.md in the workspace, or ~/.ds4agent/AGENTS.md)"))
+    if setup.status or setup.skipped:
+        parts = [s.line() for s in setup.status] + setup.skipped
+        lines.append("MCP: " + "; ".join(parts))
+    if setup.git_commit != "off":
+        lines.append(f"git: each step's changes are committed ({setup.git_commit})")
+    return lines

@@ -15,10 +15,19 @@ from pathlib import Path
 from typing import Callable
 
 from .. import settings
-from ..conversation.instructions import Instructions
 from ..tools import Workspace
-from ..tools.mcp import McpConfigError, McpHub, ServerConfig, ServerStatus, merge_servers, parse_servers, trust, trusted
+from ..tools.mcp import (
+    McpConfigError,
+    McpHub,
+    ServerConfig,
+    ServerStatus,
+    merge_servers,
+    parse_servers,
+    trust,
+    trusted,
+)
 from ..tools.undo import Journal
+from .instructions import Instructions
 
 GIT_COMMIT = ("off", "ask", "auto")  # commit each step that changed files: never, after asking, always
 
@@ -110,17 +119,3 @@ def set_up(ws: Workspace, start: Path | None = None, ask_key: Callable[[str, str
         setup.hub = McpHub(settings.logs_dir())
         setup.status = setup.hub.start(ok)
     return setup
-
-
-def banner_lines(setup: AgentSetup) -> list[str]:
-    """What the banner says beyond the first line: instruction files loaded, MCP servers."""
-    lines = []
-    files = setup.instructions.files if setup.instructions is not None else []
-    lines.append("instructions: " + (", ".join(f.shown() for f in files) if files else
-                                     "none (AGENTS.md or CLAUDE.md in the workspace, or ~/.ds4agent/AGENTS.md)"))
-    if setup.status or setup.skipped:
-        parts = [s.line() for s in setup.status] + setup.skipped
-        lines.append("MCP: " + "; ".join(parts))
-    if setup.git_commit != "off":
-        lines.append(f"git: each step's changes are committed ({setup.git_commit})")
-    return lines
