@@ -160,7 +160,7 @@ def paper(mem_gbs: float, link_gbps: float, latency_us: float, ranks: list[int])
     with tempfile.TemporaryDirectory() as d:
         path = write_model(os.path.join(d, "flash.gguf"), FLASH, "tiny", with_data=False)
         with GGUFFile(path) as f:
-            infos = [splits.TensorInfo(t.name, t.nbytes, t.nbytes // t.shape[0], t.shape[0]) for t in f.tensors.values()]
+            infos = [splits.TensorSize(t.name, t.nbytes, t.nbytes // t.shape[0], t.shape[0]) for t in f.tensors.values()]
             sizes = {t.name: t.nbytes for t in f.tensors.values()}
             block = splits.block_width(f.tensors["blk.0.ffn_down_shexp.weight"].type)
     c = FLASH

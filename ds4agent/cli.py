@@ -414,9 +414,9 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 def cmd_agent(args: argparse.Namespace) -> int:
+    from .conversation.agent_setup import SetupError, set_up
     from .modelfile import DEMO_BANNER, resolve_model
     from .tools import Workspace
-    from .conversation.agent_setup import SetupError, set_up
     from .ui.agent_ui import run_undo
     from .ui.chat import is_interactive
     from .ui.terminal import Out
@@ -461,8 +461,13 @@ def _run_agent(args: argparse.Namespace, task: str | None, interactive: bool, ws
     from .conversation import Agent
     from .sessions import SessionStore
     from .tools import Policy
-    from .ui.agent_ui import banner_lines
-    from .ui.agent_ui import pick_session, resume, run_agent_tty, run_headless
+    from .ui.agent_ui import (
+        banner_lines,
+        pick_session,
+        resume,
+        run_agent_tty,
+        run_headless,
+    )
     from .ui.chat import default_history_file
     from .ui.terminal import Out
 

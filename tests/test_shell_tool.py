@@ -24,7 +24,7 @@ import pytest
 import ds4agent.tools.sandbox as sandbox_mod
 import ds4agent.tools.shell as shell
 from ds4agent.tools.base import ToolError, Workspace
-from ds4agent.tools.shell import Job, Jobs, bash, cap_output, job, user_output
+from ds4agent.tools.shell import Jobs, ShellJob, bash, cap_output, job, user_output
 
 USER_CAP = 1048576  # 1 MiB of characters, written out so a changed USER_OUTPUT shows
 
@@ -388,7 +388,7 @@ def test_jobs_numbered_from_1_and_stopped_at_exit(ws: Workspace, spill: Path,
 
 def test_job_status_text(tmp_path: Path) -> None:
     p = subprocess.Popen(["sleep", "30"])
-    j = Job(1, "sleep 30", p, tmp_path / "none.log")
+    j = ShellJob(1, "sleep 30", p, tmp_path / "none.log")
     assert j.status() == "running"
     p.kill()
     p.wait()
@@ -426,7 +426,7 @@ def test_job_without_output_file(ws: Workspace, tmp_path: Path, monkeypatch: pyt
     jobs = Jobs()
     p = subprocess.Popen(["true"])
     p.wait()
-    jobs.jobs[4] = Job(4, "true", p, tmp_path / "gone.log", started=100.0)
+    jobs.jobs[4] = ShellJob(4, "true", p, tmp_path / "gone.log", started=100.0)
     use_clock(monkeypatch, FakeClock(100.0, step=0.0))
     r = job(ws, {"id": 4}, jobs)
     assert r.text == "job 4 (true): exited with status 0, 0 s\n"

@@ -7,7 +7,7 @@ wrong default, index, kind, error name or message shows.
 
 from __future__ import annotations
 
-from ds4agent.protocol.streamparse import Event, StreamParser
+from ds4agent.protocol.streamparse import ParseEvent, StreamParser
 
 EOS = "<｜end▁of▁sentence｜>"
 OPEN = "<｜DSML｜tool_calls>"
@@ -20,7 +20,7 @@ PAR_END = "</｜DSML｜parameter>"
 Row = tuple[str, str, int, str, str]
 
 
-def rows(events: list[Event]) -> list[Row]:
+def rows(events: list[ParseEvent]) -> list[Row]:
     """Events as comparable tuples; the result dict is checked apart."""
     return [(e.kind, e.text, e.index, e.name, e.arguments) for e in events]
 
@@ -29,7 +29,7 @@ def ev(kind: str, text: str = "", index: int = -1, name: str = "", arguments: st
     return (kind, text, index, name, arguments)
 
 
-def whole(text: str, mode: str) -> tuple[list[Event], list[Event]]:
+def whole(text: str, mode: str) -> tuple[list[ParseEvent], list[ParseEvent]]:
     sp = StreamParser(mode)
     return sp.feed(text), sp.finish()
 
@@ -92,9 +92,9 @@ def test_whole_completion_in_one_feed_gives_every_event_at_once() -> None:
     assert end[0].result == RESULT
 
 
-def _feed_pieces(pieces: list[str] | list[bytes]) -> list[Event]:
+def _feed_pieces(pieces: list[str] | list[bytes]) -> list[ParseEvent]:
     sp = StreamParser("thinking")
-    out: list[Event] = []
+    out: list[ParseEvent] = []
     for piece in pieces:
         out += sp.feed(piece)
     return out + sp.finish()
@@ -265,7 +265,7 @@ def test_invalid_bytes_are_replaced_not_raised() -> None:
     assert rows(sp.feed(b"a\xffb" + EOS.encode())) == [ev("content", "a\ufffdb"), ev("done")]
 
 
-# -- errors: kind in Event.name, message in Event.text; the parser stops after one ----------
+# -- errors: kind in ParseEvent.name, message in ParseEvent.text; the parser stops after one ----------
 
 def _error_then_silent(sp: StreamParser) -> None:
     assert sp.failed

@@ -14,8 +14,8 @@ from .. import lazy
 
 # public name -> module that defines it (relative to this package, or absolute)
 _EXPORTS = {
-    "Engine": ".engine", "EngineError": ".engine", "EngineInfo": ".engine",
-    "Session": ".session", "Checkpoint": ".session", "Step": ".session", "ContextFullError": ".session",
+    "Engine": ".engine", "EngineError": ".errors", "EngineInfo": ".info",
+    "Session": ".session", "Checkpoint": ".session", "Step": ".session", "ContextFullError": ".errors",
     "PayloadError": ".state", "SamplingParams": ".params", "kernel_report": ".reports.check",
     "Tokenizer": "ds4agent.modelfile.tokenizer", "render": "ds4agent.protocol.template",
     "parse": "ds4agent.protocol.template",

@@ -19,16 +19,13 @@ from ..modelfile.config import (
 from ..modelfile.gguf import GGUFError, GGUFFile
 from ..modelfile.tokenizer import Tokenizer
 from .choices import BACKENDS
+from .errors import EngineError
 from .info import EngineInfo
 from .kernels import KernelError
 from .kernels import select as select_kernels
 from .model import Model, Options
 from .session import Session
 from .weights import Weights
-
-
-class EngineError(ValueError):
-    """A model or backend that cannot be used; one line."""
 
 
 def _fingerprint(f: GGUFFile) -> int:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import numpy as np
 
+from .errors import ContextFullError
 from .sampler import Sampler, SamplingParams
 from .state import ModelState, payload_size, read_payload, write_payload
 
@@ -24,10 +25,6 @@ if TYPE_CHECKING:
     from .model import Model
 
 Progress = Callable[[int, int], None]  # (tokens done, tokens to do)
-
-
-class ContextFullError(ValueError):
-    pass
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,16 @@ from tokenizers import Regex, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
 from .gguf import GGUFError, GGUFFile, ValueType
-from .specials import ASSISTANT, BOS, DSML, EOS, REQUIRED_SPECIALS, THINK_CLOSE, THINK_OPEN, USER  # noqa: F401
+from .specials import (  # noqa: F401
+    ASSISTANT,
+    BOS,
+    DSML,
+    EOS,
+    REQUIRED_SPECIALS,
+    THINK_CLOSE,
+    THINK_OPEN,
+    USER,
+)
 
 
 def _joyai_pretokenizer() -> pre_tokenizers.PreTokenizer:

@@ -45,7 +45,7 @@ _PARAM_END = PARAM_CLOSE[1:-1]  # the official grammar ends a value at "/｜DSML
 
 
 @dataclass
-class Event:
+class ParseEvent:
     kind: str
     text: str = ""
     index: int = -1
@@ -89,16 +89,16 @@ class StreamParser:
         self.failed = False
 
     # -- input ----------------------------------------------------------------------------
-    def feed(self, data: str | bytes) -> list[Event]:
+    def feed(self, data: str | bytes) -> list[ParseEvent]:
         if isinstance(data, bytes):
             data = self._decoder.decode(data)
         self.text += data
         return self._advance(final=False)
 
-    def finish(self) -> list[Event]:
+    def finish(self) -> list[ParseEvent]:
         self.text += self._decoder.decode(b"", final=True)
         events = self._advance(final=True)
-        events.append(Event("result", result=parse(self.text, self.thinking_mode)))
+        events.append(ParseEvent("result", result=parse(self.text, self.thinking_mode)))
         return events
 
     def malformed_text(self) -> str:
@@ -110,16 +110,16 @@ class StreamParser:
         return self.text[self._block_start - 2 :].replace(EOS, "")
 
     # -- the state machine ------------------------------------------------------------------
-    def _emit_text(self, kind: str, upto: int, events: list[Event]) -> None:
+    def _emit_text(self, kind: str, upto: int, events: list[ParseEvent]) -> None:
         if upto > self.pos:
             chunk = self.text[self.pos : upto]
-            events.append(Event(kind, chunk))
+            events.append(ParseEvent(kind, chunk))
             if kind == "reasoning" and DSML in chunk:
-                events.append(Event("dsml_in_reasoning", chunk))
+                events.append(ParseEvent("dsml_in_reasoning", chunk))
             self.pos = upto
 
-    def _advance(self, final: bool) -> list[Event]:
-        events: list[Event] = []
+    def _advance(self, final: bool) -> list[ParseEvent]:
+        events: list[ParseEvent] = []
         progressed = True
         while progressed and not self.failed:
             progressed = False
@@ -146,7 +146,7 @@ class StreamParser:
                     self._emit_text("content", e, events)
                     self.pos = e + len(EOS)
                     self.phase = "end"
-                    events.append(Event("done"))
+                    events.append(ParseEvent("done"))
                     progressed = True
                 else:
                     hold = 0 if final else _held(self.text[self.pos :], (EOS, BLOCK_START))
@@ -158,7 +158,7 @@ class StreamParser:
                 if rest.startswith(EOS):
                     self.pos += len(EOS)
                     self.phase = "end"
-                    events.append(Event("done"))
+                    events.append(ParseEvent("done"))
                     progressed = True
                 elif rest and not EOS.startswith(rest):
                     self._fail(events, "content_after_tool_calls", "text after the tool block")
@@ -166,11 +166,11 @@ class StreamParser:
                 self._fail(events, "content_after_eos", "text after the end-of-sentence token")
         return events
 
-    def _fail(self, events: list[Event], kind: str, message: str) -> None:
+    def _fail(self, events: list[ParseEvent], kind: str, message: str) -> None:
         self.failed = True
-        events.append(Event("error", message, name=kind))
+        events.append(ParseEvent("error", message, name=kind))
 
-    def _tools_step(self, events: list[Event], final: bool) -> bool:
+    def _tools_step(self, events: list[ParseEvent], final: bool) -> bool:
         t, p = self.text, self.pos
         if self._state == "gap":  # expecting ">\n" then an invoke or the block's end
             if len(t) - p < 2:
@@ -182,7 +182,7 @@ class StreamParser:
             if rest.startswith(TOOL_CALLS_CLOSE):
                 end = p + 2 + len(TOOL_CALLS_CLOSE)
                 self.tool_blocks.append(t[self._block_start : end])
-                events.append(Event("tool_block", t[self._block_start : end]))
+                events.append(ParseEvent("tool_block", t[self._block_start : end]))
                 self.pos = end
                 self.phase = "after_tools"
                 return True
@@ -208,7 +208,7 @@ class StreamParser:
                 return False
             call = _Call(m.group(1))
             self._calls.append(call)
-            events.append(Event("call_start", index=len(self._calls) - 1, name=call.name))
+            events.append(ParseEvent("call_start", index=len(self._calls) - 1, name=call.name))
             self.pos = nxt + len(hit)
             if follow[hit] == "param":
                 self._state = "param_head"
@@ -228,7 +228,7 @@ class StreamParser:
                 return False
             self._param = (key, is_str)
             call.params[key] = (is_str, "")
-            events.append(Event("param_start", "true" if is_str else "false", index=len(self._calls) - 1, name=key))
+            events.append(ParseEvent("param_start", "true" if is_str else "false", index=len(self._calls) - 1, name=key))
             self._send_args(events, call, partial=True)
             self.pos = m.end()
             self._value_start = self._value_sent = self.pos
@@ -249,7 +249,7 @@ class StreamParser:
                 return False
             call.params[key] = (is_str, t[self._value_start : k - 1])
             self._send_value(events, key, k - 1)
-            events.append(Event("param_end", t[self._value_start : k - 1], index=len(self._calls) - 1, name=key))
+            events.append(ParseEvent("param_end", t[self._value_start : k - 1], index=len(self._calls) - 1, name=key))
             self.pos = k + len(_PARAM_END)
             self._state = "after_value"
             return True
@@ -268,9 +268,9 @@ class StreamParser:
             return False
         return False
 
-    def _send_value(self, events: list[Event], key: str, end: int) -> None:
+    def _send_value(self, events: list[ParseEvent], key: str, end: int) -> None:
         if end > self._value_sent:
-            events.append(Event("param_text", self.text[self._value_sent : end], index=len(self._calls) - 1, name=key))
+            events.append(ParseEvent("param_text", self.text[self._value_sent : end], index=len(self._calls) - 1, name=key))
             self._value_sent = end
 
     def _args_text(self, call: _Call, partial: bool) -> str:
@@ -284,20 +284,20 @@ class StreamParser:
                 parts.append(f"{json.dumps(k, ensure_ascii=False)}: {v}")
         return "{" + ", ".join(parts) + ("" if partial else "}")
 
-    def _send_args(self, events: list[Event], call: _Call, partial: bool) -> None:
+    def _send_args(self, events: list[ParseEvent], call: _Call, partial: bool) -> None:
         text = self._args_text(call, partial)
         if text.startswith(call.sent) and len(text) > len(call.sent):
-            events.append(Event("call_args", text[len(call.sent) :], index=len(self._calls) - 1))
+            events.append(ParseEvent("call_args", text[len(call.sent) :], index=len(self._calls) - 1))
             call.sent = text
 
-    def _finish_call(self, events: list[Event]) -> None:
+    def _finish_call(self, events: list[ParseEvent]) -> None:
         call = self._calls[-1]
         final = self._args_text(call, partial=False)
         self._send_args(events, call, partial=False)
-        events.append(Event("call", index=len(self._calls) - 1, name=call.name, arguments=final))
+        events.append(ParseEvent("call", index=len(self._calls) - 1, name=call.name, arguments=final))
         self._state = "gap"  # pos is at the ">" of the invoke's closing tag
         self._param = None
 
 
-def events_text(events: list[Event], kind: str) -> str:
+def events_text(events: list[ParseEvent], kind: str) -> str:
     return "".join(e.text for e in events if e.kind == kind)

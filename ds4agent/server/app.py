@@ -29,7 +29,7 @@ from ..protocol import TemplateError, encode_guarded, render
 from . import formats
 from . import requests as rq
 from .requests import ApiError, Defaults, Spec
-from .worker import Job, Out, QueueFull, Worker
+from .worker import Job, JobEvent, QueueFull, Worker
 
 log = logging.getLogger("ds4agent.server")
 MODEL_ID = "deepseek-v4-flash"
@@ -130,9 +130,9 @@ class Server:
         self.counter += 1
         fmt = fmt_cls(spec, self.counter, len(ids))
         loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[Out] = asyncio.Queue()
+        queue: asyncio.Queue[JobEvent] = asyncio.Queue()
 
-        def emit(ev: Out) -> None:
+        def emit(ev: JobEvent) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, ev)
 
         mode = spec.mode if spec.messages is not None else "raw"

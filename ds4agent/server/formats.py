@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from .requests import Spec
-from .worker import Out
+from .worker import JobEvent
 
 
 def _dumps(d: Any) -> str:
@@ -46,7 +46,7 @@ class Base:
     def error(self, message: str) -> str:
         return f"event: error\ndata: {_dumps({'error': {'message': message, 'type': 'server_error'}})}\n\n"
 
-    def take(self, ev: Out) -> None:
+    def take(self, ev: JobEvent) -> None:
         if ev.kind == "start":
             self.usage.update(ev.data or {})
         elif ev.kind == "reasoning":
@@ -62,11 +62,11 @@ class Base:
             self.usage.update(ev.data or {})
             self.stop_sequence = (ev.data or {}).get("stop_sequence")
 
-    def event(self, ev: Out) -> list[str]:
+    def event(self, ev: JobEvent) -> list[str]:
         self.take(ev)
         return self.stream(ev) if self.spec.stream else []
 
-    def stream(self, ev: Out) -> list[str]:
+    def stream(self, ev: JobEvent) -> list[str]:
         return []
 
     @property
@@ -93,7 +93,7 @@ class ChatFormat(Base):
     def head(self) -> list[str]:
         return [self.chunk({"role": "assistant", "content": ""})]
 
-    def stream(self, ev: Out) -> list[str]:
+    def stream(self, ev: JobEvent) -> list[str]:
         if ev.kind == "reasoning" and ev.text:
             return [self.chunk({"reasoning_content": ev.text})]
         if ev.kind == "content" and ev.text:
@@ -132,7 +132,7 @@ class CompletionFormat(Base):
         return data({"id": self.id, "object": "text_completion", "created": self.created, "model": self.spec.model,
                      "choices": [{"text": text, "index": 0, "finish_reason": finish, "logprobs": None}]})
 
-    def stream(self, ev: Out) -> list[str]:
+    def stream(self, ev: JobEvent) -> list[str]:
         if ev.kind == "content" and ev.text:
             return [self.chunk(ev.text)]
         if ev.kind == "done":
@@ -193,7 +193,7 @@ class MessagesFormat(Base):
         self.block = None
         return out + [self.ev("content_block_stop", {"index": self.index})]
 
-    def stream(self, ev: Out) -> list[str]:
+    def stream(self, ev: JobEvent) -> list[str]:
         out: list[str] = []
         if ev.kind == "start":
             msg = {"id": self.id, "type": "message", "role": "assistant", "model": self.spec.model, "content": [],
@@ -312,7 +312,7 @@ class ResponsesFormat(Base):
         self.open = item
         return out + [self.ev("response.output_item.added", {"output_index": self._item_index(), "item": item})]
 
-    def take(self, ev: Out) -> None:
+    def take(self, ev: JobEvent) -> None:
         super().take(ev)
         # Non-streamed bodies build the same items as the stream.
         if ev.kind == "reasoning" and ev.text:
@@ -328,7 +328,7 @@ class ResponsesFormat(Base):
         elif ev.kind == "tool_args":
             self.open["arguments"] += ev.text
 
-    def _new(self, kind: str, ev: Out | None = None) -> None:
+    def _new(self, kind: str, ev: JobEvent | None = None) -> None:
         if kind == "reasoning":
             item = {"id": "rs_" + secrets.token_hex(12), "type": "reasoning", "status": "in_progress",
                     "summary": [{"type": "summary_text", "text": ""}]}
@@ -345,7 +345,7 @@ class ResponsesFormat(Base):
             self.items.append(item)
             self.open = item
 
-    def event(self, ev: Out) -> list[str]:
+    def event(self, ev: JobEvent) -> list[str]:
         if not self.spec.stream:
             self.take(ev)
             if ev.kind == "done" and self.open is not None:

@@ -16,10 +16,7 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 from ..engine import SamplingParams
-
-
-class ContextFullError(ValueError):
-    """The scripted twin of engine.ContextFullError (that module loads numpy)."""
+from ..engine.errors import ContextFullError
 
 
 @dataclass(frozen=True)

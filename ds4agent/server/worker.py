@@ -37,7 +37,7 @@ MAX_CHECKPOINTS = 16  # in-memory message-boundary checkpoints (O(1) each: share
 
 
 @dataclass
-class Out:
+class JobEvent:
     """One thing the worker hands back for a job (docs/server.md §2)."""
 
     kind: str  # start | prefill | reasoning | content | tool_start | tool_args | tool_end | done | error
@@ -56,7 +56,7 @@ class Job:
     mode: str  # "thinking" | "chat": how the completion is parsed; "raw" for /v1/completions
     sampling: SamplingParams
     max_tokens: int
-    emit: Callable[[Out], None]
+    emit: Callable[[JobEvent], None]
     stop: list[str] = field(default_factory=list)
     id_prefix: str = "call_"  # tool-call ids: call_ (OpenAI) or toolu_ (Anthropic)
     cancel: threading.Event = field(default_factory=threading.Event)
@@ -130,7 +130,7 @@ class Worker:
                 self._current.cancel.set()
             self._cv.notify_all()
         for job in pending:
-            job.emit(Out("error", "server shutting down", data={"status": 503}))
+            job.emit(JobEvent("error", "server shutting down", data={"status": 503}))
         self._thread.join(timeout)
         if save:
             self._save("shutdown")
@@ -148,7 +148,7 @@ class Worker:
                 self._run(job)
             except Exception as e:  # a bug must not take the server down; the session is consistent
                 log.exception("request failed")
-                job.emit(Out("error", f"generation failed: {e}", data={"status": 500}))
+                job.emit(JobEvent("error", f"generation failed: {e}", data={"status": 500}))
             finally:
                 with self._cv:
                     self._current = None
@@ -266,12 +266,12 @@ class Worker:
         t0 = time.perf_counter()
         ids, cached, source = self._reuse(job)
         if len(ids) >= self.ctx:
-            job.emit(Out("error", f"Prompt has {len(ids)} tokens, but the configured context size is {self.ctx} tokens",
+            job.emit(JobEvent("error", f"Prompt has {len(ids)} tokens, but the configured context size is {self.ctx} tokens",
                          data={"status": 400, "code": "context_length_exceeded", "n_prompt_tokens": len(ids),
                                "n_ctx": self.ctx}))
             return
         usage = {"prompt_tokens": len(ids), "cached_tokens": cached, "source": source}
-        job.emit(Out("start", data=dict(usage)))
+        job.emit(JobEvent("start", data=dict(usage)))
         s = self.session
         # Cold save: a request that reused nothing stores its shared start (system prompt and
         # tools, up to the first user turn) so other conversations with it skip that prefill.
@@ -286,7 +286,7 @@ class Worker:
                     return self._finish(job, usage, "cancelled", t0, tp, time.perf_counter(), 0, 0.0, done - cached)
                 done = min(b, done + chunk)
                 s.sync(ids[:done])
-                job.emit(Out("prefill", data={"done": done - cached, "total": len(ids) - cached}))
+                job.emit(JobEvent("prefill", data={"done": done - cached, "total": len(ids) - cached}))
             if done == cold and cold >= self.min_save_tokens:
                 self._save("cold")
             self._remember(ids[:done])
@@ -311,22 +311,22 @@ class Worker:
             k = ev.kind
             if k == "reasoning":
                 reasoning.append(ev.text)
-                job.emit(Out("reasoning", ev.text))
+                job.emit(JobEvent("reasoning", ev.text))
             elif k == "content":
-                job.emit(Out("content", ev.text))
+                job.emit(JobEvent("content", ev.text))
             elif k == "call_start":
                 ident = self.memory.new_ids(job.id_prefix, 1)[0]
                 ids_of[ev.index] = ident
                 calls[ev.index] = _Args()
-                job.emit(Out("tool_start", index=ev.index, id=ident, name=ev.name))
+                job.emit(JobEvent("tool_start", index=ev.index, id=ident, name=ev.name))
             elif k in ("param_start", "param_text", "param_end"):
                 delta = calls[ev.index].feed(k, ev.text, ev.name)
                 if delta:
-                    job.emit(Out("tool_args", delta, index=ev.index))
+                    job.emit(JobEvent("tool_args", delta, index=ev.index))
             elif k == "call":
                 delta = calls[ev.index].close()
-                job.emit(Out("tool_args", delta, index=ev.index))
-                job.emit(Out("tool_end", calls[ev.index].text, index=ev.index, id=ids_of[ev.index], name=ev.name))
+                job.emit(JobEvent("tool_args", delta, index=ev.index))
+                job.emit(JobEvent("tool_end", calls[ev.index].text, index=ev.index, id=ids_of[ev.index], name=ev.name))
             elif k == "tool_block":
                 parsed = calls_of_block(ev.text)
                 if parsed is not None:
@@ -354,7 +354,7 @@ class Worker:
                  "finish=%s %.2fs", job.api, usage["prompt_tokens"], usage["cached_tokens"], usage["source"],
                  prefilled, prefilled / pre_s if prefilled else 0.0, n_gen, n_gen / gen_s if gen_s > 0 else 0.0,
                  replay.get("exact", 0), replay.get("canonical", 0), finish, time.perf_counter() - t0)
-        job.emit(Out("done", finish, data=usage))
+        job.emit(JobEvent("done", finish, data=usage))
 
 
 class _Args:

@@ -90,7 +90,7 @@ def _start(ws: Workspace, command: str, out_path: Path, sandbox=None) -> subproc
 
 
 @dataclass
-class Job:
+class ShellJob:
     id: int
     command: str
     proc: subprocess.Popen
@@ -106,21 +106,21 @@ class Jobs:
     """Background jobs of one agent session; all are stopped when the program exits."""
 
     def __init__(self) -> None:
-        self.jobs: dict[int, Job] = {}
+        self.jobs: dict[int, ShellJob] = {}
         self._next = 1
         self._lock = threading.Lock()
         atexit.register(self.stop_all)
 
-    def add(self, ws: Workspace, command: str, sandbox=None) -> Job:
+    def add(self, ws: Workspace, command: str, sandbox=None) -> ShellJob:
         with self._lock:
             n = self._next
             self._next += 1
         out = _spill_dir() / f"job-{n}.log"
-        job = Job(n, command, _start(ws, command, out, sandbox), out)
+        job = ShellJob(n, command, _start(ws, command, out, sandbox), out)
         self.jobs[n] = job
         return job
 
-    def get(self, n: int) -> Job:
+    def get(self, n: int) -> ShellJob:
         if n not in self.jobs:
             raise ToolError(f"no background job {n} (jobs: {', '.join(map(str, self.jobs)) or 'none'})")
         return self.jobs[n]

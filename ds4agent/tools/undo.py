@@ -51,7 +51,7 @@ class FileChange:
 
 
 @dataclass
-class Step:
+class JournalStep:
     seq: int
     time: float
     task: str
@@ -66,7 +66,7 @@ class Step:
 
 @dataclass
 class UndoReport:
-    step: Step
+    step: JournalStep
     reverted: list[str] = field(default_factory=list)  # files given back their old content
     removed: list[str] = field(default_factory=list)  # files the step created, deleted
     merged: list[str] = field(default_factory=list)  # changed by hand since: the step's change taken out
@@ -135,7 +135,7 @@ class Journal:
     def __init__(self, root: Path, folder: Path) -> None:
         self.root = Path(root)
         self.dir = Path(folder)
-        self._open: Step | None = None
+        self._open: JournalStep | None = None
         self._task = ""
 
     @classmethod
@@ -168,12 +168,12 @@ class Journal:
             raise UndoError(f"the saved content {sha[:12]} in {self.dir} is damaged")
         return data
 
-    def _save(self, step: Step) -> None:
+    def _save(self, step: JournalStep) -> None:
         self._ensure()
         data = json.dumps(asdict(step), ensure_ascii=False, indent=1).encode("utf-8")
         _write_atomic(self.dir / "steps" / f"{step.seq:08d}.json", data, 0o600)
 
-    def _load_all(self) -> list[Step]:
+    def _load_all(self) -> list[JournalStep]:
         out = []
         folder = self.dir / "steps"
         if not folder.is_dir():
@@ -182,7 +182,7 @@ class Journal:
             try:
                 d = json.loads(p.read_text(encoding="utf-8"))
                 d["files"] = [FileChange(**f) for f in d.get("files", [])]
-                out.append(Step(**d))
+                out.append(JournalStep(**d))
             except (OSError, ValueError, TypeError):
                 continue  # a damaged record: that step cannot be undone; the others can
         return out
@@ -201,7 +201,7 @@ class Journal:
             step = self._open
             if step is None:
                 seqs = [s.seq for s in self._load_all()]
-                step = self._open = Step(max(seqs, default=0) + 1, time.time(), self._task or "(no request)")
+                step = self._open = JournalStep(max(seqs, default=0) + 1, time.time(), self._task or "(no request)")
             if any(f.path == path for f in step.files):
                 return
             data = _read(Path(path))
@@ -232,7 +232,7 @@ class Journal:
                     f.after = None  # unknown: undo then only reverts it if it is as it was before
                 return
 
-    def end(self) -> Step | None:
+    def end(self) -> JournalStep | None:
         """Close the current step; returns it when it changed anything."""
         step, self._open = self._open, None
         if step is None:
@@ -258,7 +258,7 @@ class Journal:
                 blob.unlink(missing_ok=True)
 
     # -- reading -----------------------------------------------------------------------------------
-    def steps(self) -> list[Step]:
+    def steps(self) -> list[JournalStep]:
         """The steps that can still be undone, oldest first."""
         return [s for s in self._load_all() if s.state in ("done", "open") and s.files]
 
@@ -291,7 +291,7 @@ class Journal:
                 raise
         return reports
 
-    def _plan(self, step: Step, report: UndoReport) -> list[dict]:
+    def _plan(self, step: JournalStep, report: UndoReport) -> list[dict]:
         plan = []
         for f in step.files:
             rel = self.rel(f.path)
@@ -322,7 +322,7 @@ class Journal:
                          "target": self._blob(target) if target is not None else None, "mode": f.mode})
         return plan
 
-    def _undo(self, step: Step) -> UndoReport:
+    def _undo(self, step: JournalStep) -> UndoReport:
         report = UndoReport(step)
         plan = self._plan(step, report)
         step.undo = plan  # recorded before anything is written: a crash leaves a plan to complete
@@ -353,7 +353,7 @@ class Journal:
         self._save(step)
         return report
 
-    def _finish(self, step: Step) -> UndoReport:
+    def _finish(self, step: JournalStep) -> UndoReport:
         """Complete an undo that was interrupted: each file of its plan that still holds what it
         held then gets its target; one already at the target is done; any other is left."""
         report = UndoReport(step, resumed=True)
@@ -381,7 +381,7 @@ class Journal:
         else:
             _write_atomic(p, self._content(sha), item.get("mode"))
 
-    def _remove_dirs(self, step: Step) -> None:
+    def _remove_dirs(self, step: JournalStep) -> None:
         """Directories the step created, if they are empty again (innermost first)."""
         for d in sorted({d for f in step.files for d in f.dirs}, key=len, reverse=True):
             try:
@@ -397,7 +397,7 @@ class Journal:
             return None
         return Path(r.stdout.decode().strip()) if r.returncode == 0 else None
 
-    def commit(self, step: Step, message: str) -> str | None:
+    def commit(self, step: JournalStep, message: str) -> str | None:
         """Commit the files of ``step`` (only those; other changes, staged or not, stay as they
         are). Returns the commit, or None when there was nothing to commit. The repository's
         hooks run; a failure raises UndoError with git's words and leaves the files uncommitted."""
@@ -434,7 +434,7 @@ class Journal:
         self._save(step)
         return sha
 
-    def _uncommit(self, step: Step) -> str:
+    def _uncommit(self, step: JournalStep) -> str:
         """After a committed step's files were reverted: drop its commit if that is safe."""
         if not step.commit:
             return ""

@@ -15,35 +15,35 @@ from .terminal import BOLD, ID_CHARS, Out, ago, short_count
 
 
 @dataclass(frozen=True)
-class Command:
+class SlashCommand:
     name: str
     help: str
     where: tuple[str, ...] = ("chat", "agent")
 
 
 COMMANDS = (
-    Command("/help", "show this help"),
-    Command("/think", "reason before answering (default)"),
-    Command("/think-max", "maximum reasoning effort (needs a context of 384K)"),
-    Command("/nothink", "answer directly"),
-    Command("/ctx", "N: new context size (the conversation is kept and re-prefilled)"),
-    Command("/read", "FILE: send the file's text as your next message"),
-    Command("/system", "TEXT: set the system text (starts a new conversation)", ("chat",)),
-    Command("/save", "save this conversation (instant resume later)"),
-    Command("/list", "list saved conversations"),
-    Command("/switch", "ID: resume a saved conversation (no re-prefill)"),
-    Command("/new", "start a new conversation"),
-    Command("/history", "[N]: show the last N turns"),
-    Command("/stats", "speed and context use"),
-    Command("/compact", "summarise the conversation to free context", ("agent",)),
-    Command("/approval", "ask|auto-edit|yolo: how much runs without asking (no argument: the mode and the "
+    SlashCommand("/help", "show this help"),
+    SlashCommand("/think", "reason before answering (default)"),
+    SlashCommand("/think-max", "maximum reasoning effort (needs a context of 384K)"),
+    SlashCommand("/nothink", "answer directly"),
+    SlashCommand("/ctx", "N: new context size (the conversation is kept and re-prefilled)"),
+    SlashCommand("/read", "FILE: send the file's text as your next message"),
+    SlashCommand("/system", "TEXT: set the system text (starts a new conversation)", ("chat",)),
+    SlashCommand("/save", "save this conversation (instant resume later)"),
+    SlashCommand("/list", "list saved conversations"),
+    SlashCommand("/switch", "ID: resume a saved conversation (no re-prefill)"),
+    SlashCommand("/new", "start a new conversation"),
+    SlashCommand("/history", "[N]: show the last N turns"),
+    SlashCommand("/stats", "speed and context use"),
+    SlashCommand("/compact", "summarise the conversation to free context", ("agent",)),
+    SlashCommand("/approval", "ask|auto-edit|yolo: how much runs without asking (no argument: the mode and the "
                          "session's 'always' answers; 'clear' forgets them)", ("agent",)),
-    Command("/sandbox", "read-only|workspace-write|full-access: what shell commands may write", ("agent",)),
-    Command("/undo", "[N|list]: revert the agent's last change set (N: the last N; your own edits are kept)",
+    SlashCommand("/sandbox", "read-only|workspace-write|full-access: what shell commands may write", ("agent",)),
+    SlashCommand("/undo", "[N|list]: revert the agent's last change set (N: the last N; your own edits are kept)",
             ("agent",)),
-    Command("/output", "[N]: the whole output of the last command (N: the Nth last); also Ctrl+O", ("agent",)),
-    Command("/mcp", "the MCP servers and their tools", ("agent",)),
-    Command("/quit", "leave (also Ctrl+D)"),
+    SlashCommand("/output", "[N]: the whole output of the last command (N: the Nth last); also Ctrl+O", ("agent",)),
+    SlashCommand("/mcp", "the MCP servers and their tools", ("agent",)),
+    SlashCommand("/quit", "leave (also Ctrl+D)"),
 )
 ALIASES = {"/exit": "/quit"}
 KEYS_HELP = ("Enter sends; Alt+Enter (or Esc then Enter) adds a line; pasting keeps newlines; "

@@ -13,8 +13,16 @@ import math
 
 import torch
 
-from ..qat import (_ROUND_MAGIC, E2M1_MAX, E4M3_MAX, FP4_AMAX_FLOOR, FP4_BLOCK, FP8_AMAX_FLOOR, FP8_BLOCK,
-                   ceil_log2_table)
+from ..qat import (
+    _ROUND_MAGIC,
+    E2M1_MAX,
+    E4M3_MAX,
+    FP4_AMAX_FLOOR,
+    FP4_BLOCK,
+    FP8_AMAX_FLOOR,
+    FP8_BLOCK,
+    ceil_log2_table,
+)
 
 _TABLE: dict[torch.device, torch.Tensor] = {}
 

@@ -33,12 +33,12 @@ import mlx.core as mx
 import numpy as np
 
 from ... import __version__
-from . import split as splits
-from .launch import launched
-from .link import GroupError, Link, StderrFilter, init
 from ..model import Model, Part
 from ..session import Progress, Session
 from ..state import ModelState, layer_bytes, layer_from_bytes, layer_nbytes
+from . import split as splits
+from .launch import launched
+from .link import GroupError, Link, StderrFilter, init
 
 if TYPE_CHECKING:
     from ..engine import Engine

@@ -129,14 +129,14 @@ def block_width(qtype: int) -> int:
 # -- bytes of weights one decoded token reads, per rank ------------------------------------------
 
 @dataclass(frozen=True)
-class TensorInfo:
+class TensorSize:
     name: str
     nbytes: int
     row_bytes: int  # bytes of one row (the last GGUF dimension)
     rows: int  # elements of the first dimension (out)
 
 
-def read_per_token(cfg: ModelConfig, tensors: list[TensorInfo], p: Plan) -> int:
+def read_per_token(cfg: ModelConfig, tensors: list[TensorSize], p: Plan) -> int:
     """Bytes of weights rank ``p.rank`` reads for one decoded token: what it computes, with
     routed experts counted as their expected share (k of n experts chosen, evenly on average)."""
     k, n_exp = cfg.n_expert_used, cfg.n_expert

@@ -23,7 +23,7 @@
 Nothing here matches the command text with patterns: decisions are made on resolved program
 names and their parsed options (short, combined, long and GNU-abbreviated, in any order).
 
-The package: model.py (levels, Step, Analysis), analyzer.py (the walk, analyze), programs.py
+The package: model.py (levels, ProgramStep, Analysis), analyzer.py (the walk, analyze), programs.py
 (per-program rules), git.py, readonly.py (the read-only list), texttools.py, options.py,
 tables.py, places.py.
 """
@@ -41,10 +41,10 @@ from .model import (
            SAFE,
            UNKNOWN,
            Analysis,
-           Step,
+           ProgramStep,
 )
 from .options import scan
 from .places import Places, in_git_dir, is_git_name, temp_dirs
 
-__all__ = ["analyze", "Analysis", "Step", "Places", "in_git_dir", "is_git_name", "temp_dirs", "scan", "LEVELS", "SAFE", "ORDINARY", "UNKNOWN", "DANGEROUS",
+__all__ = ["analyze", "Analysis", "ProgramStep", "Places", "in_git_dir", "is_git_name", "temp_dirs", "scan", "LEVELS", "SAFE", "ORDINARY", "UNKNOWN", "DANGEROUS",
            "MAX_NESTING", "MAX_WRAPPERS", "MAX_COMMAND"]

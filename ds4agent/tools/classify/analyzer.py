@@ -20,7 +20,7 @@ from .model import (
     SAFE,
     UNKNOWN,
     Analysis,
-    Step,
+    ProgramStep,
 )
 from .options import _pattern_matches, has_long, opt_values, scan
 from .places import NULL_DEVICES, Places, is_git_name
@@ -67,7 +67,7 @@ class Analyzer(ProgramRules, GitRules, ReadOnlyRules):
         self.tainted = ""  # why programs after some point cannot be known (PATH changed ...)
 
     # phase 1: programs, through wrappers and nested shells
-    def expand(self, text: str, via: str, depth: int, start: set | None = None) -> list[Step]:
+    def expand(self, text: str, via: str, depth: int, start: set | None = None) -> list[ProgramStep]:
         a = self.a
         start = {self.places.root} if start is None else start
         if depth > MAX_NESTING:
@@ -83,7 +83,7 @@ class Analyzer(ProgramRules, GitRules, ReadOnlyRules):
         for name, body in script.functions.items():
             if any(c.name == name for c in body):
                 a.findings.append((DANGEROUS, f"function {name} calls itself (a fork bomb)"))
-        steps: list[Step] = []
+        steps: list[ProgramStep] = []
         for cmd in script.commands:
             steps += self.command(cmd, via, depth, start)
         return steps
@@ -119,11 +119,11 @@ class Analyzer(ProgramRules, GitRules, ReadOnlyRules):
         q = Path(os.path.normpath(d / t))
         return q if q.is_dir() else None  # a cd that fails leaves the shell where it was: unknown to us
 
-    def command(self, cmd: Command, via: str, depth: int, start: set) -> list[Step]:
+    def command(self, cmd: Command, via: str, depth: int, start: set) -> list[ProgramStep]:
         if cmd.kind == "assignment":
             self.assignment(cmd.assigns, exported=False)
             return []
-        step = Step(list(cmd.words), cmd.source, list(cmd.assigns), list(cmd.redirects), cmd, via=via,
+        step = ProgramStep(list(cmd.words), cmd.source, list(cmd.assigns), list(cmd.redirects), cmd, via=via,
                     dirs=self.resolve_dirs(cmd.cwd, start))
         if cmd.kind == "declaration":
             name = step.program  # (a declaration's keyword: never computed)
@@ -148,7 +148,7 @@ class Analyzer(ProgramRules, GitRules, ReadOnlyRules):
             if changes_env and not _env_ok(name, value):
                 self.tainted = self.tainted or f"sets {name}, which changes what the programs after it are or read"
 
-    def unwrap(self, step: Step, out: list[Step], depth: int) -> None:
+    def unwrap(self, step: ProgramStep, out: list[ProgramStep], depth: int) -> None:
         """Look through wrappers; add nested shells' programs to ``out``."""
         for unwrapped in itertools.count():  # (ends at MAX_WRAPPERS below, or sooner)
             prog = step.program
@@ -183,7 +183,7 @@ class Analyzer(ProgramRules, GitRules, ReadOnlyRules):
             self.nested_shell(step, base, args, out, depth)
             return
 
-    def inner(self, step: Step, base: str, args: list[Word], out: list[Step], depth: int) -> list[Word] | None:
+    def inner(self, step: ProgramStep, base: str, args: list[Word], out: list[ProgramStep], depth: int) -> list[Word] | None:
         """The command a wrapper runs, or None when it runs none (the wrapper is then the step)."""
         if base == "command":
             if args and args[0].value and args[0].value.startswith("-") and any(c in args[0].value for c in "vV"):
@@ -286,7 +286,7 @@ class Analyzer(ProgramRules, GitRules, ReadOnlyRules):
             return rest or None
         return o.operands or None
 
-    def find_exec(self, step: Step, base: str, args: list[Word], out: list[Step], depth: int) -> None:
+    def find_exec(self, step: ProgramStep, base: str, args: list[Word], out: list[ProgramStep], depth: int) -> None:
         """find's -exec/-execdir/-ok/-okdir (and fd's -x/-X) run a command per file: each
         becomes a step, with the file name unknown."""
         vals = [w.value for w in args]
@@ -299,7 +299,7 @@ class Analyzer(ProgramRules, GitRules, ReadOnlyRules):
                     j += 1
                 inner = [Word(None, w.source) if w.value is not None and "{}" in w.value else w for w in args[i + 1:j]]
                 if inner:
-                    sub = Step(inner, step.source, [], [], step.cmd, via=(step.via + f" find {v}").strip(), dirs=set(step.dirs))
+                    sub = ProgramStep(inner, step.source, [], [], step.cmd, via=(step.via + f" find {v}").strip(), dirs=set(step.dirs))
                     out.append(sub)
                     self.unwrap(sub, out, depth)
                 i = j + 1
@@ -307,19 +307,19 @@ class Analyzer(ProgramRules, GitRules, ReadOnlyRules):
             if base != "find" and v in ("-x", "--exec", "-X", "--exec-batch"):
                 inner = [Word(None, w.source) if w.value is not None and "{" in w.value else w for w in args[i + 1:]]
                 if inner:
-                    sub = Step(inner + [Word(None, "{}")], step.source, [], [], step.cmd, via=f"{base} {v}", dirs=set(step.dirs))
+                    sub = ProgramStep(inner + [Word(None, "{}")], step.source, [], [], step.cmd, via=f"{base} {v}", dirs=set(step.dirs))
                     out.append(sub)
                     self.unwrap(sub, out, depth)
                 return
             i += 1
 
-    def nested(self, step: Step, w: Word, via: str, out: list[Step], depth: int) -> None:
+    def nested(self, step: ProgramStep, w: Word, via: str, out: list[ProgramStep], depth: int) -> None:
         if w.value is None:
             step.raise_to(UNKNOWN, f"{via} runs a computed command ({w.source[:60]})")
             return
         out += self.expand(w.value, via, depth + 1, step.dirs or None)
 
-    def nested_shell(self, step: Step, base: str, args: list[Word], out: list[Step], depth: int) -> None:
+    def nested_shell(self, step: ProgramStep, base: str, args: list[Word], out: list[ProgramStep], depth: int) -> None:
         """Shells, eval, source, trap and interpreters: the code they run."""
         cmd = step.cmd
         if base == "eval":
@@ -396,7 +396,7 @@ class Analyzer(ProgramRules, GitRules, ReadOnlyRules):
         if o.operands[0].procsub:
             self.script_source(step, base, o.operands[0], out, depth)
 
-    def script_source(self, step: Step, base: str, target: Word, out: list[Step], depth: int) -> None:
+    def script_source(self, step: ProgramStep, base: str, target: Word, out: list[ProgramStep], depth: int) -> None:
         if target.procsub:
             if any(os.path.basename(c.name or "") in DOWNLOADERS for c in target.subst):
                 step.raise_to(DANGEROUS, f"{base} runs a downloaded script")
@@ -410,7 +410,7 @@ class Analyzer(ProgramRules, GitRules, ReadOnlyRules):
         if target.value in ("/dev/stdin", "/dev/fd/0", "/proc/self/fd/0", "-"):
             self.from_stdin(step, base, out, depth, shell=base in SHELLS or base in ("source", "."))
 
-    def from_stdin(self, step: Step, base: str, out: list[Step], depth: int, shell: bool) -> None:
+    def from_stdin(self, step: ProgramStep, base: str, out: list[ProgramStep], depth: int, shell: bool) -> None:
         cmd = step.cmd
         stdin = cmd.stdin if cmd is not None else ""
         if not stdin:
@@ -441,7 +441,7 @@ class Analyzer(ProgramRules, GitRules, ReadOnlyRules):
         step.raise_to(UNKNOWN, f"{base} runs text from a pipe as code (decoded or computed text is not checked)")
 
     # phase 3: each program
-    def judge(self, s: Step) -> None:
+    def judge(self, s: ProgramStep) -> None:
         prog = s.program
         if not s.argv:
             # Only redirections: no program, but where it runs and what it opens still count.
@@ -481,7 +481,7 @@ class Analyzer(ProgramRules, GitRules, ReadOnlyRules):
         self.program_rules(s, base)
         s.prefix = self.prefix(s, base)  # None when no "always" can cover it (not coverable)
 
-    def reads_and_dirs(self, s: Step) -> None:
+    def reads_and_dirs(self, s: ProgramStep) -> None:
         """Where ``s`` runs and the files it opens for reading: a rule or the read-only list
         only hold inside the workspace."""
         for d in self.dirs_of(s):
@@ -498,11 +498,11 @@ class Analyzer(ProgramRules, GitRules, ReadOnlyRules):
                     if where in ("outside", "device", None):
                         s.not_coverable(f"reads a file outside the workspace ({q})")
 
-    def writes(self, s: Step, words: list[Word], verb: str) -> None:
+    def writes(self, s: ProgramStep, words: list[Word], verb: str) -> None:
         for w in words:
             self.write_target(s, w, verb)
 
-    def write_target(self, s: Step | None, w: Word, verb: str, start: set | None = None) -> None:
+    def write_target(self, s: ProgramStep | None, w: Word, verb: str, start: set | None = None) -> None:
         a = self.a
 
         def raise_(level: int, why: str) -> None:
@@ -550,7 +550,7 @@ class Analyzer(ProgramRules, GitRules, ReadOnlyRules):
             elif where == "inside":
                 a.writes_workspace = True
 
-    def dirs_of(self, s: Step | None, start: set | None = None) -> set:
+    def dirs_of(self, s: ProgramStep | None, start: set | None = None) -> set:
         """Where ``s`` runs: its directories, moved by its own -C option if it has one."""
         dirs = (s.dirs if s is not None else start) or {self.places.root}
         if s is not None and s.cwd is not None:
@@ -559,7 +559,7 @@ class Analyzer(ProgramRules, GitRules, ReadOnlyRules):
             return {Path(os.path.normpath(c / s.cwd.value)) if c is not None else None for c in dirs}
         return dirs
 
-    def places_of(self, value: str, s: Step | None, start: set | None = None) -> list[tuple[str | None, Path | None]]:
+    def places_of(self, value: str, s: ProgramStep | None, start: set | None = None) -> list[tuple[str | None, Path | None]]:
         p = self.places
         if value in NULL_DEVICES:  # (/dev/fd/N too, by Places.where)
             return [("null", Path(value))]
@@ -572,7 +572,7 @@ class Analyzer(ProgramRules, GitRules, ReadOnlyRules):
                 out.append((p.where(q), q))
         return out
 
-    def operand_places(self, s: Step, base: str, args: list[Word]) -> None:
+    def operand_places(self, s: ProgramStep, base: str, args: list[Word]) -> None:
         """Operands that name paths outside the workspace, or inside a .git."""
         for w in _path_words(base, args):
             v = w.value
@@ -599,7 +599,7 @@ class Analyzer(ProgramRules, GitRules, ReadOnlyRules):
                     s.raise_to(UNKNOWN, f"{base} is given a path inside .git ({v})")
                     s.coverable = False
 
-    def _through_link(self, s: Step, v: str) -> bool:
+    def _through_link(self, s: ProgramStep, v: str) -> bool:
         """Whether the relative path ``v`` passes through a symlink at any depth, from the
         workspace or a directory the step runs in (``src/link``, ``cd src && cat link``): where
         it really leads is then checked, as for an absolute path."""
@@ -611,7 +611,7 @@ class Analyzer(ProgramRules, GitRules, ReadOnlyRules):
                     return True
         return False
 
-    def prefix(self, s: Step, base: str) -> tuple[str, ...] | None:
+    def prefix(self, s: ProgramStep, base: str) -> tuple[str, ...] | None:
         """What "always" would cover for this program: the program and, for tools with
         subcommands, the subcommand (``npm test``, ``git commit``, ``python -m pytest``)."""
         if not s.coverable:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 
 from ..shellparse import Word
-from .model import DANGEROUS, UNKNOWN, Step
+from .model import DANGEROUS, UNKNOWN, ProgramStep
 from .options import Opts, has_long, scan
 
 # git: read-only subcommands, the options that make them write or run programs, and the
@@ -111,7 +111,7 @@ class GitRules:
     """The git rules of Analyzer (mixed in): its global options, the subcommands that change work
     or reach other repositories, and the forms on the read-only list."""
 
-    def git(self, s: Step, args: list[Word]) -> None:
+    def git(self, s: ProgramStep, args: list[Word]) -> None:
         i = 0
         vals = [w.value for w in args]
         while i < len(args):
@@ -258,7 +258,7 @@ class GitRules:
             self.writes(s, o.operands[1:2], "creates a worktree in")
         s.git_write = sub in GIT_WRITES and s.coverable and s.level < UNKNOWN and s.cwd is None
 
-    def git_safe(self, s: Step, args: list[Word]) -> str | None:
+    def git_safe(self, s: ProgramStep, args: list[Word]) -> str | None:
         vals = [w.value for w in args]
         i = 0
         while i < len(vals) and vals[i] and vals[i].startswith("-"):

@@ -1,4 +1,4 @@
-"""The results of an analysis: the four levels, one Step per program the command runs, the
+"""The results of an analysis: the four levels, one ProgramStep per program the command runs, the
 Analysis that sums them up.
 """
 
@@ -24,7 +24,7 @@ MAX_COMMAND = 100_000  # characters; longer commands are not parsed (unknown)
 
 
 @dataclass
-class Step:
+class ProgramStep:
     """One program the command runs (wrappers looked through)."""
 
     argv: list[Word]
@@ -67,7 +67,7 @@ class Step:
 @dataclass
 class Analysis:
     command: str
-    steps: list[Step] = field(default_factory=list)
+    steps: list[ProgramStep] = field(default_factory=list)
     findings: list[tuple[int, str]] = field(default_factory=list)  # levels not tied to one step
     writes_workspace: bool = False  # redirections or writers that change files in the workspace
     writes_unattached: bool = False  # `{ ...; } > file`: a group's output goes into a workspace file

@@ -9,7 +9,7 @@ import os
 import re
 
 from ..shellparse import Command, Word
-from .model import DANGEROUS, UNKNOWN, Step
+from .model import DANGEROUS, UNKNOWN, ProgramStep
 from .options import Opts, has_long, opt_values, scan
 from .tables import (
     _ANY_ARGS,
@@ -29,7 +29,7 @@ from .tables import (
 from .texttools import _SED_VALUES, _awk_reads_only, _sed_script_ok
 
 
-def _crontab_lists(s: Step) -> bool:
+def _crontab_lists(s: ProgramStep) -> bool:
     """``crontab -l`` (also with ``-u USER``) only lists a crontab; any other letter, or a file
     operand (a crontab to install), changes one."""
     o = scan(s.argv[1:], "u")
@@ -90,7 +90,7 @@ class ProgramRules:
     """The per-program rules of Analyzer (mixed in): what each known program does with its
     options and operands."""
 
-    def program_rules(self, s: Step, base: str) -> None:
+    def program_rules(self, s: ProgramStep, base: str) -> None:
         args = s.argv[1:]
         vals = [w.value for w in args]
         if base == "rm":
@@ -278,7 +278,7 @@ class ProgramRules:
         if base not in _ANY_ARGS and base not in ("cd", "pushd", "popd"):
             self.operand_places(s, base, args)
 
-    def kill(self, s: Step, args: list[Word]) -> None:
+    def kill(self, s: ProgramStep, args: list[Word]) -> None:
         """kill [-s SIG | -n NUM | -SIG] [--] TARGET...: -1 is every process, -N a group."""
         vals = [w.value for w in args]
         first = vals[0] if vals else None
@@ -297,7 +297,7 @@ class ProgramRules:
             elif v.startswith("-") and v[1:].isdigit():
                 s.raise_to(DANGEROUS, "kills a whole process group")
 
-    def shell_setting(self, s: Step, base: str, args: list[Word]) -> None:
+    def shell_setting(self, s: ProgramStep, base: str, args: list[Word]) -> None:
         vals = [w.value for w in args]
         if base == "set":
             ok = all(v is not None and re.fullmatch(r"[-+][euxvnfCBHhTbmPk]+|[-+]o|pipefail|errexit|nounset|xtrace|verbose|"
@@ -329,7 +329,7 @@ class ProgramRules:
             return
         s.inert = base in ("ulimit", "unalias")
 
-    def option_risk(self, s: Step, o: Opts, base: str) -> None:
+    def option_risk(self, s: ProgramStep, o: Opts, base: str) -> None:
         """Computed words and file patterns can become options (a file named -rf)."""
         if o.computed:
             s.raise_to(UNKNOWN, f"{base} with arguments the shell computes ({o.computed[0].source[:40]}), which may be options")
@@ -338,7 +338,7 @@ class ProgramRules:
                 s.raise_to(UNKNOWN, f"{base} {w.value}: the pattern may match file names that read as options")
                 break
 
-    def awk(self, s: Step, base: str, args: list[Word]) -> None:
+    def awk(self, s: ProgramStep, base: str, args: list[Word]) -> None:
         # Only the options whose value decides which word is the program are read as taking the
         # next one (-v, -F, --assign, --field-separator, --source): a program from a file
         # (-f/-i/-l/-E, --file/--include/--load/--exec) is refused whatever follows.

@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 
 from ..shellparse import Word
-from .model import Step
+from .model import ProgramStep
 from .options import _pattern_matches, has_long, scan
 from .programs import _system_program
 from .tables import (
@@ -28,7 +28,7 @@ from .texttools import _path_words, _sed_safe
 class ReadOnlyRules:
     """The read-only list of Analyzer (mixed in): whether a step may run unasked in auto-edit."""
 
-    def is_safe(self, s: Step) -> str | None:
+    def is_safe(self, s: ProgramStep) -> str | None:
         """None when ``s`` is on the read-only allowlist as written; otherwise why not."""
         prog = s.program
         if not s.argv:
@@ -106,7 +106,7 @@ class ReadOnlyRules:
             return f"{base} here is {real}, a file the sandbox lets commands write"
         return None
 
-    def reads_inside(self, s: Step, args: list[Word]) -> str | None:
+    def reads_inside(self, s: ProgramStep, args: list[Word]) -> str | None:
         """What a read-only program's patterns expand to. Its other paths were judged by
         operand_places (the same words: outside, a device, a computed directory, .git), its
         directory and `<` redirections by reads_and_dirs; either leaves the step not sandboxable,
@@ -121,7 +121,7 @@ class ReadOnlyRules:
                 return why
         return None
 
-    def glob_inside(self, s: Step, pattern: str) -> str | None:
+    def glob_inside(self, s: ProgramStep, pattern: str) -> str | None:
         # (An unknown directory made the step not coverable: is_safe stopped before this.)
         for c in self.dirs_of(s) - {None}:
             try:
