@@ -11,9 +11,11 @@ from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "ds4agent"
 
-# Lower rank = lower layer. A module may import its own package and packages of lower rank.
-RANK = {"settings": 0, "lazy": 0, "modelfile": 1, "protocol": 2, "engine": 3, "sessions": 4, "tools": 4,
-        "conversation": 5, "ui": 6, "server": 6, "cli": 7, "__main__": 8}
+# Lower rank = lower layer. A module may import its own package and packages of lower rank; two
+# packages of one rank never import each other. The model file is below both the protocol and
+# the engine, which know nothing of each other; the tools import no other package of ours.
+RANK = {"settings": 0, "lazy": 0, "modelfile": 1, "tools": 1, "protocol": 2, "engine": 2, "sessions": 3,
+        "conversation": 4, "ui": 5, "server": 5, "cli": 6, "__main__": 7}
 
 
 def _modules() -> dict[str, Path]:

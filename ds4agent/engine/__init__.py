@@ -4,8 +4,9 @@ conversation's KV state in a Session.
 
 Public names, resolved lazily so that importing one (a front end asking for SamplingParams,
 say) does not load MLX: Engine, EngineError, EngineInfo, Session, Checkpoint, Step,
-ContextFullError, PayloadError, SamplingParams, kernel_report. Tokenizer, render and parse are re-exported
-from the layers below (the model file and the chat protocol) as the documented entry points.
+ContextFullError, PayloadError, SamplingParams, kernel_report. The tokenizer is the model
+file's (ds4agent.modelfile.Tokenizer), render and parse the chat protocol's
+(ds4agent.protocol.render, .parse).
 """
 
 from __future__ import annotations
@@ -17,8 +18,6 @@ _EXPORTS = {
     "Engine": ".engine", "EngineError": ".errors", "EngineInfo": ".info",
     "Session": ".session", "Checkpoint": ".session", "Step": ".session", "ContextFullError": ".errors",
     "PayloadError": ".state", "SamplingParams": ".params", "kernel_report": ".reports.check",
-    "Tokenizer": "ds4agent.modelfile.tokenizer", "render": "ds4agent.protocol.template",
-    "parse": "ds4agent.protocol.template",
 }
 __all__ = list(_EXPORTS)
 
