@@ -4,16 +4,16 @@ machine's read bandwidth.
     python bench/cpu_bandwidth.py MODEL.gguf [--layer L] [--repeat N] [--threads N] [--exact]
 
 First the read-bandwidth probe (cpu.read_bandwidth) on the model's own mapping (its largest
-tensor, paged in first), then each product a decode step makes, at one token, on the model's
-real tensors, with the caches flushed before each call: the Q8_0 matrices (output head, attention, shared expert), the fused products of
-one layer (linears), the grouped output projection, the F16 matrices (router,
-hyper-connection mixes, compressors), the routed experts of one layer (six experts chosen at
-random, a different six each call, as decode reads them). Each is timed ``--repeat`` times
-(median), alternating with the probe reading the same bytes (cache-cold both); reported: the
-bytes of weights it reads, the median time, the GB/s that is, the probe's GB/s on those bytes,
-and the product's share of it. Then the sum over a whole decode step's products, as the engine makes them,
-against the measured time of a real decode step. The activations are random; the arithmetic is
-what decode runs.
+tensor, paged in first), then each product a decode step makes, at one token, on the model's real
+tensors, with the caches flushed before each call: the Q8_0 matrices (output head, attention,
+shared expert), the fused products of one layer (linears), the grouped output projection, the F16
+matrices (router, hyper-connection mixes, compressors), the routed experts of one layer (six
+experts chosen at random, a different six each call, as decode reads them). Each is timed
+``--repeat`` times (median), alternating with the probe reading the same bytes (cache-cold both);
+reported: the bytes of weights it reads, the median time, the GB/s that is, the probe's GB/s on
+those bytes, and the product's share of it. Then the sum over a whole decode step's products, as
+the engine makes them, against the measured time of a real decode step. The activations are
+random; the arithmetic is what decode runs.
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ def main() -> None:
     if a.threads:
         os.environ["DS4_THREADS"] = str(a.threads)
     from ds4agent.engine import Engine
-    from ds4agent.engine.reports.bench import bytes_per_token
     from ds4agent.engine.kernels import cpu
+    from ds4agent.engine.reports.bench import bytes_per_token
 
     with Engine.open(a.model, backend="cpu", kernels="cpu-exact" if a.exact else "cpu", ctx=4096) as e:
         k, f, cfg = e.model.k, e.file, e.info.config

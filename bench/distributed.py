@@ -111,8 +111,10 @@ def measured(path: str, ranks: list[int], prompt: int, gen: int, kernels: str | 
         for n in ranks:
             with tempfile.TemporaryDirectory() as d:
                 out = os.path.join(d, "r.json")
-                m, err = _run_ranks(n, d, [str(HERE), path, "--worker", split, "--prompt", str(prompt), "--gen", str(gen),
-                                           "--chunk", str(chunk), "--out", out] + (["--kernels", kernels] if kernels else []),
+                m, err = _run_ranks(n, d,
+                                    [str(HERE), path, "--worker", split, "--prompt", str(prompt), "--gen", str(gen),
+                                           "--chunk", str(chunk), "--out",
+                                           out] + (["--kernels", kernels] if kernels else []),
                                     threads=max(1, cores // n))
                 if m is None:
                     print(f"{split} x{n}: failed\n{err[-2000:]}")
@@ -160,7 +162,8 @@ def paper(mem_gbs: float, link_gbps: float, latency_us: float, ranks: list[int])
     with tempfile.TemporaryDirectory() as d:
         path = write_model(os.path.join(d, "flash.gguf"), FLASH, "tiny", with_data=False)
         with GGUFFile(path) as f:
-            infos = [splits.TensorSize(t.name, t.nbytes, t.nbytes // t.shape[0], t.shape[0]) for t in f.tensors.values()]
+            infos = [splits.TensorSize(t.name, t.nbytes, t.nbytes // t.shape[0],
+                                       t.shape[0]) for t in f.tensors.values()]
             sizes = {t.name: t.nbytes for t in f.tensors.values()}
             block = splits.block_width(f.tensors["blk.0.ffn_down_shexp.weight"].type)
     c = FLASH
@@ -186,7 +189,8 @@ def paper(mem_gbs: float, link_gbps: float, latency_us: float, ranks: list[int])
                 share = -(-c.n_vocab // n) * 4
                 ring = 2 * (n - 1) / n  # a ring all_sum moves this fraction of the array per rank, each way
                 comm = sums * per_sum * ring + (n - 1) * share
-                t = max(reads) / bw + sums * (2 * (n - 1) * lat + per_sum * ring / link) + (n - 1) * (lat + share / link) + lat
+                t = (max(reads) / bw + sums * (2 * (n - 1) * lat + per_sum * ring / link)
+                     + (n - 1) * (lat + share / link) + lat)
                 note = "decode faster when the link's latency is small next to the reads saved"
             print(f"{split:8s} x{n}: reads per rank {', '.join(f'{r / 2**30:.2f}' for r in reads)} GiB/token; "
                   f"sent per rank per token {comm / 1024:.0f} KiB; expected {1 / t:.1f} t/s ({t_one / t:.2f}x); {note}")
@@ -202,7 +206,8 @@ def main() -> int:
     ap.add_argument("--kernels", default=None)
     ap.add_argument("--mem-gbs", type=float, default=400.0, help="memory bandwidth of one machine (GB/s)")
     ap.add_argument("--link-gbps", type=float, default=10.0, help="link bandwidth (Gb/s)")
-    ap.add_argument("--latency-us", type=float, default=100.0, help="latency of one message (us): ~100 ring/TCP, ~10 JACCL")
+    ap.add_argument("--latency-us", type=float, default=100.0,
+                    help="latency of one message (us): ~100 ring/TCP, ~10 JACCL")
     ap.add_argument("--paper-only", action="store_true")
     ap.add_argument("--worker", choices=("pipeline", "experts"), help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)

@@ -56,7 +56,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("model")
     ap.add_argument("--backend", default="auto")
-    ap.add_argument("--kernels", default="auto,reference", help="kernel sets, comma-separated (the first is the baseline)")
+    ap.add_argument("--kernels", default="auto,reference",
+                    help="kernel sets, comma-separated (the first is the baseline)")
     ap.add_argument("--prompts", default="2048,16384", help="prompt lengths, comma-separated")
     ap.add_argument("--gen", type=int, default=32)
     ap.add_argument("--only-first-beyond", type=int, default=2048, metavar="N",
@@ -75,7 +76,8 @@ def main() -> None:
             r["logit_err"] = float(np.abs(r["logits"] - base["logits"]).max() / np.abs(base["logits"]).max())
             r["same_tokens"] = r["tokens"] == base["tokens"]
             rows.append(r)
-            print(f"{k:>10} ({r['kernels']}) prompt {n:>6} (chunks of {r['chunk']}): prefill {r['prefill_tps']:8.1f} t/s, "
+            print(f"{k:>10} ({r['kernels']}) prompt {n:>6} (chunks of {r['chunk']}): "
+                  f"prefill {r['prefill_tps']:8.1f} t/s, "
                   f"decode {r['decode_tps']:7.2f} t/s, logits vs {sets[0]} {r['logit_err']:.1e}, same tokens "
                   f"{r['same_tokens']}, memory active {r['active_gib']} GiB peak {r['peak_gib']} GiB, open "
                   f"{r['open_s']} s", flush=True)

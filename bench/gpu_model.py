@@ -130,11 +130,13 @@ def launches(f: GGUFFile, cfg: ModelConfig, T: int, ctx: int, route: Route) -> l
             out += [("attention", gpu.plan_scores(cfg.n_head, V, cfg.head_dim)),
                     ("attention", gpu.plan_mix(cfg.n_head, V, cfg.head_dim))]
         name = p + "attn_output_a.weight"
-        out.extend(("attention products", la) for la in gpu.plan_matmul(t[name].type, t[name].shape[0], t[name].shape[1],
+        out.extend(("attention products", la) for la in gpu.plan_matmul(t[name].type, t[name].shape[0],
+                                                                        t[name].shape[1],
                                                                          T, groups=cfg.n_out_group))
         products("attention products", [p + "attn_output_b.weight"])
         hc("hyper-connections", p + "hc_ffn_fn.weight")
-        products("shared expert and router", [p + n + ".weight" for n in ("ffn_gate_inp", "ffn_gate_shexp", "ffn_up_shexp")])
+        products("shared expert and router",
+                 [p + n + ".weight" for n in ("ffn_gate_inp", "ffn_gate_shexp", "ffn_up_shexp")])
         plan = gpu.expert_plan(route(i, T), cfg.n_expert)
         out.extend(("routed experts", la) for la in gpu.plan_experts(t[p + "ffn_gate_exps.weight"].type,
                                                                      t[p + "ffn_down_exps.weight"].type, plan,
@@ -162,7 +164,8 @@ def launch_cost(la: gpu.Launch) -> tuple[float, float, float]:
         n_tiles = d[0]
         rows = tp["F"] if la.kind == "moe_gate_up" else tp["R"]
         mats = 2 if la.kind == "moe_gate_up" else 1
-        return (mats * n_tiles * rows * tp["RB"], n_tiles * tp["TILE"] * tp["N"] * 4 + int(np.prod(la.output_shapes[0])) * 4,
+        return (mats * n_tiles * rows * tp["RB"],
+                n_tiles * tp["TILE"] * tp["N"] * 4 + int(np.prod(la.output_shapes[0])) * 4,
                 mats * n_tiles * rows * tp["N"] * (2 * tp["TILE"] + DEQUANT_FLOPS))
     if la.kind == "hc_weights":
         T = d[0]
@@ -194,7 +197,8 @@ def mlx_dispatches(demo_path: str, T: int, ctx: int) -> dict[tuple[int, bool], i
 
     import mlx.core as mx
 
-    from ds4agent.engine import Engine, model as model_mod
+    from ds4agent.engine import Engine
+    from ds4agent.engine import model as model_mod
     from ds4agent.engine.kernels.gpu import GpuKernels
 
     views = {"Reshape", "Slice", "Broadcast", "ExpandDims", "Squeeze", "Transpose", "AsStrided", "Full", "Flatten",
@@ -358,7 +362,8 @@ def main() -> None:
                         for chunk in chunks:
                             pc = pass_cost(f, cfg, kernels, chunk, ctx, disp[(chunk, ctx)], dev)
                             ps, plim = seconds(pc, dev, kernels)
-                            line += f" | prefill/{chunk} {chunk / ps:7.1f} t/s (bound {chunk * bound(pc, dev):7.1f}; {plim})"
+                            line += (f" | prefill/{chunk} {chunk / ps:7.1f} t/s "
+                                     f"(bound {chunk * bound(pc, dev):7.1f}; {plim})")
                         print(line)
                         if a.detail:
                             for what, b in dc.by.most_common():

@@ -165,14 +165,18 @@ def report(m: dict, contexts: list[int]) -> None:
     transient = m["peak_anon"] - m["baseline_anon"] - m["materialised"]
     print(f"measured  {m['layers']}-layer shape model ({m['file'] / GiB:.2f} GiB), --kernels reference, "
           f"{m['prompt']}-token prefill ({m['prefill_s']:.0f} s) + {m['gen']} tokens ({m['decode_s']:.0f} s)")
-    print(f"          peak anonymous memory {m['peak_anon'] / GiB:.2f} GiB (process baseline {m['baseline_anon'] / GiB:.2f}), "
+    print(f"          peak anonymous memory {m['peak_anon'] / GiB:.2f} GiB "
+          f"(process baseline {m['baseline_anon'] / GiB:.2f}), "
           f"peak mmap pages resident {m['peak_file'] / GiB:.2f} GiB, peak RSS {m['peak_rss'] / GiB:.2f} GiB "
           f"(VmHWM {m['vm_hwm'] / GiB:.2f}), MLX peak {m['mlx_peak'] / GiB:.2f} GiB")
     print(f"          dense weights materialised {m['materialised'] / GiB:.3f} GiB (Weights.get's rules give "
-          f"{m['materialised_est'] / GiB:.3f}: {'equal' if m['materialised'] == m['materialised_est'] else 'DIFFERENT'}); "
+          f"{m['materialised_est'] / GiB:.3f}: "
+          f"{'equal' if m['materialised'] == m['materialised_est'] else 'DIFFERENT'}); "
           f"transients on top {transient / GiB:.2f} GiB")
-    print(f"published model, 43 layers ({file43 / GiB:.1f} GiB, routed experts {experts43 / GiB:.1f} GiB in the mmap):")
-    print(f"          dense weights the reference materialises: {dense43 / GiB:.2f} GiB (computed exactly from the layout)")
+    print(f"published model, 43 layers ({file43 / GiB:.1f} GiB, "
+          f"routed experts {experts43 / GiB:.1f} GiB in the mmap):")
+    print(f"          dense weights the reference materialises: {dense43 / GiB:.2f} GiB "
+          "(computed exactly from the layout)")
     for ctx in contexts:
         state = payload_size(cfg, ctx)
         # Reference attention of a 256-token chunk at this context: three (H, rows, keys) float32

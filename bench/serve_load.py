@@ -113,7 +113,8 @@ def main() -> int:
                 while time.monotonic() < deadline:
                     t0 = time.perf_counter()
                     try:
-                        stream = c.chat.completions.create(model="m", messages=msgs, stream=True, max_tokens=args.tokens,
+                        stream = c.chat.completions.create(model="m", messages=msgs, stream=True,
+                                                           max_tokens=args.tokens,
                                                            stream_options={"include_usage": True})
                         text, usage, t_first, t_last = "", None, None, None
                         for ch in stream:
@@ -174,7 +175,8 @@ def main() -> int:
           f"p90 {percentile(first_token, 0.9):.2f}")
     print(f"cache: {cached}/{prompt} prompt tokens after the first turn ({100 * cached / max(prompt, 1):.1f}%)")
     print(f"generation: {served:.2f} t/s through the server (median per request, the worker's timing; "
-          f"{streamed:.2f} t/s as the clients saw the deltas), {direct:.2f} t/s engine alone ({100 * served / direct:.0f}%)")
+          f"{streamed:.2f} t/s as the clients saw the deltas), "
+          f"{direct:.2f} t/s engine alone ({100 * served / direct:.0f}%)")
     return 0 if len(latencies) == expected else 1
 
 

@@ -59,7 +59,8 @@ class _Finder(ast.NodeVisitor):
 
     # -- positions
     def span(self, node: ast.AST) -> tuple[int, int]:
-        return (self.offsets[node.lineno - 1] + node.col_offset, self.offsets[node.end_lineno - 1] + node.end_col_offset)
+        return (self.offsets[node.lineno - 1] + node.col_offset,
+                self.offsets[node.end_lineno - 1] + node.end_col_offset)
 
     def seg(self, node: ast.AST) -> str:
         a, b = self.span(node)
@@ -103,7 +104,8 @@ class _Finder(ast.NodeVisitor):
             self.visit_body_stmt(stmt, first=(i == 0))
 
     def visit_body_stmt(self, stmt: ast.stmt, first: bool = False) -> None:
-        if first and isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str):
+        if first and isinstance(stmt, ast.Expr) and isinstance(stmt.value,
+                                                               ast.Constant) and isinstance(stmt.value.value, str):
             return  # docstring
         if isinstance(stmt, ast.If) and _is_type_checking(stmt.test):
             return
@@ -182,7 +184,9 @@ class _Finder(ast.NodeVisitor):
         self.visit(node.test)  # the message is not mutated
 
     def _cond(self, test: ast.expr) -> None:
-        if not isinstance(test, (ast.Compare, ast.BoolOp)) and not (isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not)):
+        if not isinstance(test,
+                          (ast.Compare, ast.BoolOp)) and not (isinstance(test, ast.UnaryOp) and isinstance(test.op,
+                                                                                                           ast.Not)):
             self.add(test, f"not {self.seg(test)}")
 
     visit_For = visit_AsyncFor = visit_With = visit_AsyncWith = visit_Try = _visit_stmts_in
@@ -222,7 +226,8 @@ class _Finder(ast.NodeVisitor):
         self.add(node, "break", paren=False)
 
     def visit_Call(self, node: ast.Call) -> None:
-        name = node.func.id if isinstance(node.func, ast.Name) else node.func.attr if isinstance(node.func, ast.Attribute) else ""
+        name = node.func.id if isinstance(node.func, ast.Name) else node.func.attr if isinstance(node.func,
+                                                                                                 ast.Attribute) else ""
         message = name.endswith(_MESSAGE_SUFFIXES)
         if isinstance(node.func, ast.Name) and node.func.id in _NAME_SWAP:
             self.add(node.func, _NAME_SWAP[node.func.id], paren=False)

@@ -19,8 +19,8 @@ and sampler tests all use MLX.
 """
 
 from __future__ import annotations
-
 import __future__ as future_flags
+
 import argparse
 import ast
 import functools
@@ -553,7 +553,8 @@ def run(module: str, args: argparse.Namespace) -> int:
     cfg = load_config()
     mcfg = module_config(cfg, module)
     if mcfg is None:
-        print(f"mutate: {module} is not in {CONFIG.relative_to(ROOT)}; known: {', '.join(cfg['modules'])}", file=sys.stderr)
+        print(f"mutate: {module} is not in {CONFIG.relative_to(ROOT)}; known: {', '.join(cfg['modules'])}",
+              file=sys.stderr)
         return 2
     equivalent = {e["mutant"]: e["why"] for e in cfg.get("equivalent", []) if e["module"] == module}
     mutants = find_mutants(ROOT / module)

@@ -54,14 +54,7 @@ def _open_group(path, args: argparse.Namespace, ctx: int):
     0 and starts the others; under mlx.launch it joins the group it was started in. A follower
     (rank > 0) never gets here: main() hands it to _follow."""
     from .engine.group.distributed import open_engine
-    from .engine.group.launch import (
-        LaunchError,
-        alive,
-        launched,
-        parse_hosts,
-        read_hostfile,
-        start,
-    )
+    from .engine.group.launch import LaunchError, alive, launched, parse_hosts, read_hostfile, start
 
     if args.backend == "npu":
         raise UsageError("--split/--hosts run on MLX backends; --backend npu uses --devices on one machine")
@@ -102,7 +95,8 @@ MODEL_CHOICE = ("Model choice: -m PATH, else $DS4_MODEL, else 'model' in ~/.ds4a
 
 def _add_model(parser: argparse.ArgumentParser) -> argparse.Action:
     return parser.add_argument("-m", "--model", metavar="PATH",
-                               help="GGUF model file (default: $DS4_MODEL, else 'model' in config.toml, else the demo model)")
+                               help="GGUF model file (default: $DS4_MODEL, else 'model' in config.toml, "
+                                    "else the demo model)")
 
 
 def _add_engine(group: argparse._ActionsContainer) -> None:
@@ -139,7 +133,8 @@ def _add_generation(parser: argparse.ArgumentParser, tokens: int, tokens_help: s
     """The sampling, length, context and engine flags, the same for the chat and the agent
     (only the defaults differ). Returns the most used ones, for the top-level help."""
     gen = parser.add_argument_group("generation")
-    common = [gen.add_argument("--temp", type=float, default=1.0, metavar="T", help="temperature, 0 = greedy (default 1)")]
+    common = [gen.add_argument("--temp", type=float, default=1.0, metavar="T",
+                               help="temperature, 0 = greedy (default 1)")]
     gen.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus sampling mass (default 1)")
     gen.add_argument("--min-p", type=float, default=0.05, metavar="P",
                      help="drop tokens below P x the top token's probability (default 0.05)")
@@ -176,11 +171,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     chat = sub.add_parser("chat", help="interactive chat (what plain 'ds4' runs); -p for one prompt")
-    chat_common = [chat.add_argument("-p", "--prompt", metavar="TEXT", help="answer one prompt and exit ('-' reads stdin)"),
+    chat_common = [chat.add_argument("-p", "--prompt", metavar="TEXT",
+                                     help="answer one prompt and exit ('-' reads stdin)"),
                    _add_model(chat)]
     chat.add_argument("--prompt-file", metavar="FILE", help="read the one-shot prompt from FILE")
     chat.add_argument("--system", metavar="TEXT", help="system text placed before the first user turn")
-    chat.add_argument("--sessions", metavar="DIR", help="where saved conversations live (default ~/.ds4agent/sessions, or $DS4_SESSIONS)")
+    chat.add_argument("--sessions", metavar="DIR",
+                      help="where saved conversations live (default ~/.ds4agent/sessions, or $DS4_SESSIONS)")
     chat_common += _add_thinking(chat, think_max=True)[1:]
     chat_common += _add_generation(chat, 50000, "generate at most N tokens", 32768)
     diag = chat.add_argument_group("diagnostics")
@@ -204,8 +201,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "run; yolo: all runs (dangerous commands always ask; headless, anything needing a yes is "
                              "refused)"),
         ag.add_argument("--sandbox", choices=("read-only", "workspace-write", "full-access"), default=None,
-                        help="what shell commands may write: workspace-write (default outside yolo: the workspace "
-                             "and the temporary directory, .git read-only), read-only, or full-access (yolo's default)"),
+                        help="what shell commands may write: workspace-write (default outside yolo: the "
+                             "workspace and the temporary directory, .git read-only), read-only, or full-access "
+                             "(yolo's default)"),
         ag.add_argument("--resume", nargs="?", const="", metavar="SHA",
                         help="resume a saved session (a picker without SHA)")]
     ag.add_argument("--undo", nargs="?", const=1, type=int, metavar="N",
@@ -226,7 +224,8 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--api-key", metavar="KEY", default=os.environ.get("DS4_API_KEY"),
                     help="require this key (Authorization: Bearer KEY or x-api-key; default $DS4_API_KEY)")
     sv.add_argument("--cors", metavar="ORIGIN", help="allow browser requests from ORIGIN ('*' for any)")
-    sv.add_argument("--queue", type=int, default=16, metavar="N", help="requests that may wait for the engine (default 16)")
+    sv.add_argument("--queue", type=int, default=16, metavar="N",
+                    help="requests that may wait for the engine (default 16)")
     sv.add_argument("--sessions", metavar="DIR", help="on-disk KV cache folder (default: the session store)")
     sv.add_argument("--no-disk-cache", action="store_true", help="keep the KV cache in memory only")
     sv.add_argument("--cache-min-tokens", type=int, default=512, metavar="N",
@@ -260,7 +259,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="tiny: IQ2_XXS/Q2_K experts like the q2 release; q4: Q4_K experts; shape: the real "
                            "Flash dimensions with --layers layers (GBs: for benchmarks)")
     demo.add_argument("--layers", type=int, default=2, metavar="N", help="shape preset: layers (default 2)")
-    demo.add_argument("--experts", type=int, default=256, metavar="E", help="shape preset: routed experts (default 256)")
+    demo.add_argument("--experts", type=int, default=256, metavar="E",
+                      help="shape preset: routed experts (default 256)")
     demo.add_argument("--seed", type=int, default=0, help="random seed (same seed, same bytes)")
     demo.add_argument("--force", action="store_true", help="overwrite --out if it exists")
 
@@ -461,13 +461,7 @@ def _run_agent(args: argparse.Namespace, task: str | None, interactive: bool, ws
     from .conversation import Agent
     from .sessions import SessionStore
     from .tools import Policy
-    from .ui.agent_ui import (
-        banner_lines,
-        pick_session,
-        resume,
-        run_agent_tty,
-        run_headless,
-    )
+    from .ui.agent_ui import banner_lines, pick_session, resume, run_agent_tty, run_headless
     from .ui.chat import default_history_file
     from .ui.terminal import Out
 
@@ -486,8 +480,8 @@ def _run_agent(args: argparse.Namespace, task: str | None, interactive: bool, ws
         sha = args.resume
         if not sha:
             if not interactive:
-                raise UsageError("--resume without a session id needs a terminal (give the id: see 'ds4 agent --resume' "
-                                 "or /list)")
+                raise UsageError("--resume without a session id needs a terminal "
+                                 "(give the id: see 'ds4 agent --resume' or /list)")
             sha = pick_session(store, lambda q: input(q).strip(), Out(sys.stdout, tty=True))
             if sha is None:
                 return 1
@@ -499,8 +493,9 @@ def _run_agent(args: argparse.Namespace, task: str | None, interactive: bool, ws
         return run_headless(agent, task, output_format, sys.stdout, sys.stderr, setup.mcp_summary(), setup.git_commit)
     if not interactive:
         raise UsageError("ds4 agent needs a terminal, or a task with -p")
-    banner = "\n".join([f"ds4agent {__version__} agent | {engine.info.name} | workspace {ws.root} | context {args.ctx} | "
-                        f"approvals: {args.approval} | sandbox: {policy.describe(detail=True)}", *banner_lines(setup)])
+    head = (f"ds4agent {__version__} agent | {engine.info.name} | workspace {ws.root} | context {args.ctx} | "
+            f"approvals: {args.approval} | sandbox: {policy.describe(detail=True)}")
+    banner = "\n".join([head, *banner_lines(setup)])
     return run_agent_tty(agent, store, default_history_file(), banner, setup.git_commit, setup.status)
 
 
@@ -535,7 +530,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from .ui.reports import BenchProgress
     from .ui.terminal import Out
 
-    if not 1 <= args.ctx_start <= args.ctx_max or args.gen_tokens < 1 or (args.step_mul or 2) <= 1 or args.step_incr < 1:
+    if (not 1 <= args.ctx_start <= args.ctx_max or args.gen_tokens < 1 or (args.step_mul or 2) <= 1
+            or args.step_incr < 1):
         raise UsageError("need 1 <= --ctx-start <= --ctx-max, --gen-tokens >= 1, --step-incr >= 1, --step-mul > 1")
     if args.plot:
         try:
@@ -560,7 +556,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     def share(gen_tps: float) -> str:
         return f" ({100 * per_token * gen_tps / probe:.0f}% of the read bandwidth)" if probe else ""
 
-    rows = benchmark.run(engine, ids, points, args.gen_tokens, BenchProgress(Out(sys.stderr, tty=sys.stderr.isatty()), share))
+    rows = benchmark.run(engine, ids, points, args.gen_tokens,
+                         BenchProgress(Out(sys.stderr, tty=sys.stderr.isatty()), share))
     if args.csv:
         with open(args.csv, "w", encoding="utf-8") as f:
             benchmark.write_csv(rows, f)

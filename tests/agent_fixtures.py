@@ -10,9 +10,7 @@ import pytest
 from helpers import scripted_steps
 
 from ds4agent.conversation import agent as agent_mod
-from ds4agent.conversation.agent import (
-    Agent,
-)
+from ds4agent.conversation.agent import Agent
 from ds4agent.engine import Engine
 from ds4agent.sessions import SessionStore
 from ds4agent.tools import Policy, Workspace

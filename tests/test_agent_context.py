@@ -14,20 +14,31 @@ from pathlib import Path
 import pytest
 
 from ds4agent.conversation import agent as agent_mod
-from ds4agent.conversation.agent import (
-    Agent,
-    _arguments,
-    attach_mentions,
-    system_prompt,
-)
+from ds4agent.conversation.agent import Agent, _arguments, attach_mentions, system_prompt
 from ds4agent.conversation.instructions import Instructions
 from ds4agent.sessions import SessionStore
 from ds4agent.tools import Policy
-from agent_fixtures import (  # noqa: F401 (fixtures: engine, repo, store, ws, make)
-    EOS, LONG, READ_APP, FakeTurns, Script, _exchanges, _quiet, _result, _roles, _stop_after_tools, _stop_at_step,
-    call, calls, engine, make, repo, store, ws,
-)
 
+from agent_fixtures import (  # noqa: F401 (fixtures: engine, repo, store, ws, make)
+    EOS,
+    LONG,
+    READ_APP,
+    FakeTurns,
+    Script,
+    _exchanges,
+    _quiet,
+    _result,
+    _roles,
+    _stop_after_tools,
+    _stop_at_step,
+    call,
+    calls,
+    engine,
+    make,
+    repo,
+    store,
+    ws,
+)
 
 # -- the system prompt, prime, construction ---------------------------------------------------------
 

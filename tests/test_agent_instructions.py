@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ds4agent.conversation.instructions import Instructions
 from ds4agent.conversation.agent_setup import AgentSetup
+from ds4agent.conversation.instructions import Instructions
 from ds4agent.ui.agent_ui import banner_lines
 
 

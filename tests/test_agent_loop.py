@@ -12,11 +12,27 @@ import time
 import pytest
 
 from ds4agent.conversation import agent as agent_mod
-from agent_fixtures import (  # noqa: F401 (fixtures: engine, repo, store, ws, make)
-    EOS, LONG, READ_APP, FakeTurns, Script, _exchanges, _quiet, _result, _roles, _stop_after_tools, _stop_at_step,
-    call, calls, engine, make, repo, store, ws,
-)
 
+from agent_fixtures import (  # noqa: F401 (fixtures: engine, repo, store, ws, make)
+    EOS,
+    LONG,
+    READ_APP,
+    FakeTurns,
+    Script,
+    _exchanges,
+    _quiet,
+    _result,
+    _roles,
+    _stop_after_tools,
+    _stop_at_step,
+    call,
+    calls,
+    engine,
+    make,
+    repo,
+    store,
+    ws,
+)
 
 # -- stop reasons -------------------------------------------------------------------------------
 

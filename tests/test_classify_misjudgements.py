@@ -13,13 +13,7 @@ from pathlib import Path
 import pytest
 from classify_fixtures import _no_temp_dirs, root  # noqa: F401 (fixtures: temp_dirs emptied, a git workspace)
 
-from ds4agent.tools.classify import (
-    DANGEROUS,
-    ORDINARY,
-    SAFE,
-    UNKNOWN,
-    analyze,
-)
+from ds4agent.tools.classify import DANGEROUS, ORDINARY, SAFE, UNKNOWN, analyze
 from ds4agent.tools.classify.texttools import _sed_safe, _sed_script_ok
 from ds4agent.tools.shellparse import Word
 

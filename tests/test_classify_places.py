@@ -13,14 +13,7 @@ from pathlib import Path
 import pytest
 from classify_fixtures import REAL_TEMP_DIRS, _no_temp_dirs, root  # noqa: F401 (fixtures: temp_dirs emptied, a git workspace)
 
-from ds4agent.tools.classify import (
-    DANGEROUS,
-    ORDINARY,
-    UNKNOWN,
-    Analysis,
-    Places,
-    analyze,
-)
+from ds4agent.tools.classify import DANGEROUS, ORDINARY, UNKNOWN, Analysis, Places, analyze
 
 _REAL_TEMP_DIRS = REAL_TEMP_DIRS
 

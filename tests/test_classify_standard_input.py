@@ -24,14 +24,7 @@ from test_classify_wrappers_and_nested_code import (  # what rm -rf / adds; (lev
     _judged,
 )
 
-from ds4agent.tools.classify import (
-    DANGEROUS,
-    MAX_WRAPPERS,
-    ORDINARY,
-    SAFE,
-    UNKNOWN,
-    analyze,
-)
+from ds4agent.tools.classify import DANGEROUS, MAX_WRAPPERS, ORDINARY, SAFE, UNKNOWN, analyze
 from ds4agent.tools.classify.texttools import _sed_script_ok
 
 STDIN_CASES = [

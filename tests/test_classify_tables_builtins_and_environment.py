@@ -313,7 +313,6 @@ def test_the_files_after_the_pattern_are_paths(root: Path, tmp_path: Path) -> No
     env = _bin(tmp_path, "grep", "ag", "jq", "cat")
     bad = []
     for cmd in ["grep x /etc/passwd", "ag x /etc", "jq . /etc/passwd", "cat /usr/lib"]:
-        prog = cmd.split()[0]
         a = analyze(cmd, root, env=env)
         (s,) = a.steps
         path = cmd.split()[-1]

@@ -14,15 +14,7 @@ import pytest
 from classify_fixtures import _no_temp_dirs, root  # noqa: F401 (fixtures: temp_dirs emptied, a git workspace)
 
 import ds4agent.tools.classify as classify
-from ds4agent.tools.classify import (
-    DANGEROUS,
-    ORDINARY,
-    SAFE,
-    UNKNOWN,
-    Places,
-    analyze,
-    tables,
-)
+from ds4agent.tools.classify import DANGEROUS, ORDINARY, SAFE, UNKNOWN, Places, analyze, tables
 from ds4agent.tools.classify.places import is_git_name
 
 # Programs looked up on PATH by the read-only rules: installed as stubs outside the workspace,

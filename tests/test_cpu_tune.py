@@ -58,8 +58,6 @@ def test_bad_environment_warns_and_falls_back(demo_path, tmp_path, monkeypatch, 
 
 
 def test_cache_is_used_and_a_damaged_one_ignored(demo_path, tmp_path, monkeypatch) -> None:
-    from ds4agent.modelfile.gguf import GGUFFile
-
     monkeypatch.setenv("DS4_HOME", str(tmp_path))
     monkeypatch.delenv("DS4_PREFETCH", raising=False)
     path = cpu_tune.cache_path()

@@ -8,8 +8,15 @@ import json
 import pytest
 
 from ds4agent.engine.group import split as splits
-from ds4agent.engine.group.launch import (Host, LaunchError, follower_command, local_threads, read_hostfile, ring_hostfile,
-                                    strip_options)
+from ds4agent.engine.group.launch import (
+    Host,
+    LaunchError,
+    follower_command,
+    local_threads,
+    read_hostfile,
+    ring_hostfile,
+    strip_options,
+)
 from ds4agent.modelfile.config import FLASH
 
 

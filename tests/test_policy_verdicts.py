@@ -18,7 +18,7 @@ import ds4agent.tools.policy as policy_mod
 from ds4agent.tools import Policy, Tool, ToolResult, Workspace, all_tools, run_tool
 from ds4agent.tools import sandbox as sb
 from ds4agent.tools.base import ToolError
-from ds4agent.tools.classify import DANGEROUS, ORDINARY, SAFE, UNKNOWN, analyze
+from ds4agent.tools.classify import DANGEROUS, ORDINARY, SAFE, analyze
 from ds4agent.tools.policy import Request, dangerous, loose_arguments
 
 TOOLS = all_tools()

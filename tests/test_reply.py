@@ -6,6 +6,7 @@ text, cancellation, and every finish reason."""
 from __future__ import annotations
 
 import threading
+from dataclasses import astuple
 
 import pytest
 
@@ -32,8 +33,10 @@ def _text(events: list[ReplyEvent], kind: str) -> str:
 def test_reasoning_content_and_the_end_of_sentence(demo_tokenizer) -> None:
     reply, events = _reply(demo_tokenizer, "let me see</think>The answer." + EOS)
     assert _text(events, "reasoning") == "let me see" and _text(events, "content") == "The answer."
-    assert events[-1] == ReplyEvent("done", finish="eos") and reply.finish == "eos"
+    assert astuple(events[-1]) == ("done", "", -1, "", "", "eos") and reply.finish == "eos"
     assert demo_tokenizer.decode(reply.sampled) == "let me see</think>The answer." + EOS
+    # text events belong to no call: index -1, no name, no arguments, no finish
+    assert astuple(next(e for e in events if e.kind == "content")) == ("content", "The", -1, "", "", "")
     # the end of sentence is no text, and the final parse needs it handed over (parse_eos)
     assert reply.result()["error"]["kind"] == "missing_eos"
     reply, _ = _reply(demo_tokenizer, "let me see</think>The answer." + EOS, parse_eos=True)
@@ -52,6 +55,10 @@ def test_a_tool_block_streams_its_call_and_may_end_the_reply(demo_tokenizer) -> 
     reply, events = _reply(demo_tokenizer, "ok</think>" + BLOCK + EOS, stop_at_tools=True)
     assert events[-2].kind == "tool_block" and reply.finish == "tool_calls"
     assert reply.sampled[-1] != demo_tokenizer.eos_id  # stopped before the end of sentence
+    # text held for a stop string that the tool block cut short goes out before the call
+    reply, events = _reply(demo_tokenizer, "ok</think>see ab" + BLOCK + EOS, stops=["abc"], stop_at_tools=True)
+    assert _text(events, "content") == "see ab" and reply.finish == "tool_calls"
+    assert [e.kind for e in events].index("call_start") > max(i for i, e in enumerate(events) if e.kind == "content")
 
 
 def test_stop_strings_are_held_across_tokens_and_cut_the_reply(demo_tokenizer) -> None:
@@ -63,6 +70,28 @@ def test_stop_strings_are_held_across_tokens_and_cut_the_reply(demo_tokenizer) -
     s = StopStrings(["abc"])
     assert s.feed("xa") == ("x", False) and s.feed("b") == ("", False) and s.feed("d") == ("abd", False)
     assert s.feed("zab") == ("z", False) and s.feed("c!") == ("", True) and s.matched == "abc"
+    assert s.flush() == ""  # nothing after a match is kept
+    s = StopStrings(["b", "a"])  # the earliest match wins, whatever the order of the stops
+    assert s.feed("xab") == ("x", True) and s.matched == "a"
+    s = StopStrings(["aab"])  # the longest tail that could begin a stop is held
+    assert s.feed("xaa") == ("x", False) and s.feed("b") == ("", True)
+    s = StopStrings(["abc"])
+    assert s.feed("ab") == ("", False) and s.flush() == "ab" and s.flush() == ""
+
+
+def test_what_is_held_back_comes_out_when_the_reply_ends(demo_tokenizer) -> None:
+    # the parser holds a trailing blank line (a tool block could follow) until the end
+    reply, events = _reply(demo_tokenizer, "x</think>line\n\n" + EOS)
+    assert _text(events, "content") == "line\n\n" and events[-2] == ReplyEvent("content", "\n\n")
+    # ... and a reasoning tail that could still be </think>
+    reply, events = _reply(demo_tokenizer, "let me </thi" + EOS, max_tokens=4)
+    assert _text(events, "reasoning") == "let me </thi" and reply.finish == "length"
+    # raw text cut inside a character ends with U+FFFD rather than losing the bytes
+    reply, events = _reply(demo_tokenizer, "\U0001F600" + EOS, mode="raw", max_tokens=1)
+    assert _text(events, "content") == "\ufffd" and len(reply.sampled) == 1
+    # a stop string ends the reply there: text the parser held after it never comes out
+    reply, events = _reply(demo_tokenizer, f"x</think>Done.\n\n<{D}tool_calls>" + EOS, stops=["."])
+    assert _text(events, "content") == "Done" and reply.finish == "stop_sequence"
 
 
 @pytest.mark.parametrize("rule", ["report", "text"])
@@ -83,6 +112,9 @@ def test_raw_mode_is_plain_text(demo_tokenizer) -> None:
 def test_finish_reasons(demo_tokenizer) -> None:
     reply, events = _reply(demo_tokenizer, "x</think>a b c d e f" + EOS, max_tokens=3)
     assert reply.finish == "length" and len(reply.sampled) == 3
+    reply = Reply(ScriptedEngine(demo_tokenizer, ["x" + EOS]).session(), demo_tokenizer, SamplingParams(), "chat", 1)
+    assert reply.finish == ""  # until the reply has ended
+    assert [e.kind for e in reply] == ["content", "done"] and reply.finish == "length" and len(reply.sampled) == 1
     reply, events = _reply(demo_tokenizer, "x</think>a" + EOS, max_tokens=0)
     assert events == [ReplyEvent("done", finish="length")] and reply.sampled == []
     unclosed = f'\n\n<{D}tool_calls>\n<{D}invoke name="read">\n'

@@ -9,6 +9,7 @@ import threading
 import time
 
 import anthropic
+
 try:
     import httpx2 as httpx  # what the openai and anthropic SDKs of this venv use
 except ImportError:  # pragma: no cover

@@ -9,14 +9,13 @@ import anthropic
 import openai
 import pytest
 
-from ds4agent.engine import Engine
+from ds4agent.engine import Engine, SamplingParams
 from ds4agent.protocol.template import DSML
 from ds4agent.server import ServerOptions
 from ds4agent.server.requests import Defaults
 from ds4agent.server.run import ServerThread
 from ds4agent.server.toolmemory import SampledBlock
 from ds4agent.sessions import SessionStore
-from ds4agent.engine import SamplingParams
 
 
 @pytest.fixture(scope="module")

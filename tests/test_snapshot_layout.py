@@ -12,8 +12,17 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from ds4agent.engine.state import (Frontier, LayerState, ModelState, PayloadError, layer_bytes, layer_from_bytes,
-                                   payload_size, read_payload, write_payload)
+from ds4agent.engine.state import (
+    Frontier,
+    LayerState,
+    ModelState,
+    PayloadError,
+    layer_bytes,
+    layer_from_bytes,
+    payload_size,
+    read_payload,
+    write_payload,
+)
 from ds4agent.modelfile.config import FLASH
 
 # Three layers: window-only, ratio 4, ratio 128. D = 2, Di = 2, V = 5, window 4.

@@ -12,14 +12,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from test_agent import EOS, Script, call
 
 from ds4agent.conversation.agent import Agent
 from ds4agent.engine import Engine
 from ds4agent.sessions import SessionStore
 from ds4agent.tools import Policy, Workspace
 from ds4agent.ui.agent_ui import EXIT_CODES, run_headless
-
-from test_agent import EOS, Script, call
 
 STR, INT, BOOL, LIST, DICT = str, int, bool, list, dict
 # The documented fields of each message type (name: type; a tuple: one of these values).

@@ -16,16 +16,7 @@ from typing import Callable
 
 from .. import settings
 from ..tools import Workspace
-from ..tools.mcp import (
-    McpConfigError,
-    McpHub,
-    ServerConfig,
-    ServerStatus,
-    merge_servers,
-    parse_servers,
-    trust,
-    trusted,
-)
+from ..tools.mcp import McpConfigError, McpHub, ServerConfig, ServerStatus, merge_servers, parse_servers, trust, trusted
 from ..tools.undo import Journal
 from .instructions import Instructions
 

@@ -175,6 +175,12 @@ class Reply:
             if k == "content":
                 yield from self._content(ev.text)
             elif k in ("reasoning", "call_start", "param_start", "param_text", "param_end"):
+                if k == "call_start":
+                    # the content is over once a tool block begins: what the stop strings held
+                    # can no longer become a match, and goes out before the call
+                    rest = self._stops.flush()
+                    if rest:
+                        yield ReplyEvent("content", rest)
                 yield ReplyEvent(k, ev.text, ev.index, ev.name)
             elif k == "call":
                 yield ReplyEvent("call", index=ev.index, name=ev.name, arguments=ev.arguments)

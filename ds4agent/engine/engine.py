@@ -9,13 +9,7 @@ from typing import Callable
 
 import mlx.core as mx
 
-from ..modelfile.config import (
-    ModelConfig,
-    check_tensors,
-    claims_flash,
-    config_from_gguf,
-    validate_flash,
-)
+from ..modelfile.config import ModelConfig, check_tensors, claims_flash, config_from_gguf, validate_flash
 from ..modelfile.gguf import GGUFError, GGUFFile
 from ..modelfile.tokenizer import Tokenizer
 from .choices import BACKENDS
@@ -49,9 +43,11 @@ def _pick_backend(requested: str) -> str:
     if requested == "auto":
         return "metal" if metal else "cuda" if cuda else "cpu"
     if requested == "metal" and not metal:
-        raise EngineError("the metal backend is not available on this machine (needs Apple Silicon and MLX's Metal build)")
+        raise EngineError("the metal backend is not available on this machine "
+                          "(needs Apple Silicon and MLX's Metal build)")
     if requested == "cuda" and not cuda:
-        raise EngineError("the cuda backend is not available (install ds4agent[cuda12] or [cuda13] on an NVIDIA machine)")
+        raise EngineError("the cuda backend is not available "
+                          "(install ds4agent[cuda12] or [cuda13] on an NVIDIA machine)")
     return requested
 
 
@@ -104,13 +100,15 @@ def _device_fit(f: GGUFFile, cfg: ModelConfig, backend: str, ctx: int, kernels: 
     from .. import settings
     from .kernels import resident
 
-    if backend not in ("metal", "cuda") or (kernels or settings.kernels_choice()) not in ("auto", "metal", "cuda", "kquant"):
+    if backend not in ("metal", "cuda") or (kernels or settings.kernels_choice()) not in ("auto", "metal", "cuda",
+                                                                                          "kquant"):
         return ()
     limit, buffer, what = resident.device_limits(backend)
     try:
         return (resident.check(resident.plan(f, cfg, ctx), limit, buffer, what, backend),)
     except resident.DeviceMemoryError as e:
-        raise EngineError(f"{e}; --kernels reference keeps the routed experts in the file instead (much slower)") from None
+        raise EngineError(f"{e}; --kernels reference keeps the routed experts in the file instead "
+                          "(much slower)") from None
 
 
 @dataclass(frozen=True)

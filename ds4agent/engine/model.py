@@ -84,7 +84,8 @@ def compressor_step(fr: Frontier, ratio: int, n0: int, kv: mx.array, score: mx.a
         prev_sc = xp.concatenate([fr.score[None, 0:4], win_sc[:-1]], axis=0)
         # Lane A: channels [0, d) of the previous window; lane B: [d, 2d) of this one.
         pooled = _pool(xp.concatenate([prev_kv[..., :d], win_kv[..., d:]], axis=1),
-                       xp.concatenate([prev_sc[..., :d], win_sc[..., d:]], axis=1)) if n_emit else xp.zeros((0, d), xp.float32)
+                       xp.concatenate([prev_sc[..., :d], win_sc[..., d:]], axis=1)) if n_emit else xp.zeros((0, d),
+                                                                                                            xp.float32)
         last_kv = win_kv[-1] if n_emit else fr.kv[0:4]
         last_sc = win_sc[-1] if n_emit else fr.score[0:4]
         tail_kv, tail_sc = seq_kv[n_emit * 4 :], seq_sc[n_emit * 4 :]
@@ -207,7 +208,8 @@ class Model:
     def _layer(self, i: int, X, ids, pos, tables, st: LayerState, p0: int) -> mx.array:
         w = self.param
         p = f"blk.{i}."
-        x, post, M = self.k.hc_pre(X, p + "hc_attn_fn.weight", w(p + "hc_attn_scale.weight"), w(p + "hc_attn_base.weight"))
+        x, post, M = self.k.hc_pre(X, p + "hc_attn_fn.weight", w(p + "hc_attn_scale.weight"),
+                                   w(p + "hc_attn_base.weight"))
         y = self._attention(i, x, pos, tables, st, p0)
         X = self.k.hc_post(y, X, post, M)
         x, post, M = self.k.hc_pre(X, p + "hc_ffn_fn.weight", w(p + "hc_ffn_scale.weight"), w(p + "hc_ffn_base.weight"))
@@ -345,7 +347,9 @@ class Model:
         f = fused(norm, cfg.rms_eps)(x, w(p + "ffn_norm.weight"))
         part = self.part
         if part is None:
-            logits, g, u = self.k.linears(f, tuple(p + n + ".weight" for n in ("ffn_gate_inp", "ffn_gate_shexp", "ffn_up_shexp")))
+            logits, g, u = self.k.linears(f,
+                                          tuple(p + n + ".weight" for n in ("ffn_gate_inp", "ffn_gate_shexp",
+                                                                            "ffn_up_shexp")))
         else:  # the router in full; this process's rows of the shared expert
             logits = self.k.linear(f, p + "ffn_gate_inp.weight")
             c0, c1 = part.shared

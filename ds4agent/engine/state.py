@@ -238,7 +238,8 @@ def write_payload(cfg: ModelConfig, ctx: int, state: ModelState, tokens: list[in
     return blob
 
 
-def read_payload(cfg: ModelConfig, ctx: int, blob: bytes | memoryview, f16_rows: bool) -> tuple[ModelState, list[int], np.ndarray]:
+def read_payload(cfg: ModelConfig, ctx: int, blob: bytes | memoryview, f16_rows: bool) -> tuple[ModelState, list[int],
+                                                                                                np.ndarray]:
     """Parse and check a payload against this model and context.
 
     ``f16_rows`` re-applies the cache's f16 rounding to stored rows: ds4's GPU writes them
@@ -250,7 +251,8 @@ def read_payload(cfg: ModelConfig, ctx: int, blob: bytes | memoryview, f16_rows:
     if h[0] != PAYLOAD_MAGIC:
         raise PayloadError("not a DeepSeek V4 session snapshot (bad magic)")
     if h[1] != PAYLOAD_VERSION:
-        raise PayloadError(f"snapshot format version {h[1]} is not supported (this build reads version {PAYLOAD_VERSION})")
+        raise PayloadError(f"snapshot format version {h[1]} is not supported "
+                           f"(this build reads version {PAYLOAD_VERSION})")
     saved_ctx, cap, raw_cap, window, comp_cap, n = h[2], h[3], h[4], h[5], h[6], h[7]
     dims = (h[8], h[9], h[10], h[11])
     want = (cfg.n_layer, cfg.head_dim, cfg.indexer_head_dim, cfg.n_vocab)

@@ -97,7 +97,8 @@ class QMatrix:
         return cls(mx.array(wq), mx.array(d), mx.array(-128.0 * d), (out, inn))
 
     def rows(self, start: int, stop: int) -> "QMatrix":
-        return QMatrix(self.wq[start:stop], self.scales[start:stop], self.biases[start:stop], (stop - start, self.shape[1]))
+        return QMatrix(self.wq[start:stop], self.scales[start:stop], self.biases[start:stop],
+                       (stop - start, self.shape[1]))
 
     def cols(self, start: int, stop: int) -> "QMatrix":
         """Input columns start..stop (whole groups of 32)."""

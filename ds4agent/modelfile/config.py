@@ -217,7 +217,8 @@ def _per_layer(f: GGUFFile, key: str, n_layer: int, kinds: set[int]) -> list[Any
         raise ConfigError(f"{f.path}: metadata key {key} must be a numeric array")
     values = f.metadata[key]
     if len(values) < n_layer:
-        raise ConfigError(f"{f.path}: metadata key {key} has {len(values)} entries, need at least {n_layer} (one per layer)")
+        raise ConfigError(f"{f.path}: metadata key {key} has {len(values)} entries, "
+                          f"need at least {n_layer} (one per layer)")
     # Longer arrays occur (entries for MTP layers); only the first n_layer describe this model.
     return list(values[:n_layer])
 
@@ -228,7 +229,8 @@ def config_from_gguf(f: GGUFFile) -> ModelConfig:
     if arch is None:
         raise ConfigError(f"{f.path}: missing required metadata key general.architecture")
     if arch != ARCH:
-        raise ConfigError(f"{f.path}: general.architecture is {arch!r}, not {ARCH!r}; ds4agent runs DeepSeek V4 Flash only")
+        raise ConfigError(f"{f.path}: general.architecture is {arch!r}, not {ARCH!r}; "
+                          "ds4agent runs DeepSeek V4 Flash only")
     values: dict[str, Any] = {}
     for suffix, field, kind in _REQUIRED:
         values[field] = _scalar(f, f"{ARCH}.{suffix}", kind)
@@ -241,7 +243,8 @@ def config_from_gguf(f: GGUFFile) -> ModelConfig:
     ratios = _per_layer(f, f"{ARCH}.attention.compress_ratios", n, _INTS)
     for i, r in enumerate(ratios):
         if r not in (0, 4, 128):
-            raise ConfigError(f"{f.path}: metadata key {ARCH}.attention.compress_ratios: layer {i} has ratio {r} (0, 4 or 128 expected)")
+            raise ConfigError(f"{f.path}: metadata key {ARCH}.attention.compress_ratios: "
+                              f"layer {i} has ratio {r} (0, 4 or 128 expected)")
     values["compress_ratios"] = tuple(int(r) for r in ratios)
     clamps = tuple(float(x) for x in _per_layer(f, f"{ARCH}.swiglu_clamp_exp", n, _FLOATS))
     for i, x in enumerate(clamps):
@@ -267,8 +270,10 @@ def _check_consistency(f: GGUFFile, c: ModelConfig) -> None:
             raise ConfigError(f"{f.path}: metadata key {ARCH}.{key}: {why}")
 
     need(c.n_head_kv == 1, "attention.head_count_kv", f"must be 1 (one shared latent KV head), found {c.n_head_kv}")
-    need(c.value_dim == c.head_dim, "attention.value_length", f"must equal key_length {c.head_dim} (K = V), found {c.value_dim}")
-    need(0 < c.n_rot <= c.head_dim and c.n_rot % 2 == 0, "rope.dimension_count", f"must be even and at most key_length, found {c.n_rot}")
+    need(c.value_dim == c.head_dim, "attention.value_length",
+         f"must equal key_length {c.head_dim} (K = V), found {c.value_dim}")
+    need(0 < c.n_rot <= c.head_dim and c.n_rot % 2 == 0, "rope.dimension_count",
+         f"must be even and at most key_length, found {c.n_rot}")
     need(c.n_out_group > 0 and c.n_head % c.n_out_group == 0, "attention.output_group_count",
          f"must divide head_count {c.n_head}, found {c.n_out_group}")
     need(0 < c.n_expert_used <= c.n_expert, "expert_used_count", f"must be in 1..{c.n_expert}, found {c.n_expert_used}")
@@ -278,7 +283,8 @@ def _check_consistency(f: GGUFFile, c: ModelConfig) -> None:
     need(c.sliding_window > 0, "attention.sliding_window", f"must be positive, found {c.sliding_window}")
     if 4 in c.compress_ratios:
         d = c.indexer_head_dim
-        need(d > 0 and d & (d - 1) == 0, "attention.indexer.key_length", f"must be a power of two (Hadamard transform), found {d}")
+        need(d > 0 and d & (d - 1) == 0, "attention.indexer.key_length",
+             f"must be a power of two (Hadamard transform), found {d}")
         need(c.indexer_top_k > 0, "attention.indexer.top_k", f"must be positive, found {c.indexer_top_k}")
 
 
@@ -322,7 +328,8 @@ def expected_tensors(c: ModelConfig) -> dict[str, TensorSpec]:
             "attn_kv.weight": TensorSpec((E, c.head_dim), one(Q8_0)),
             "attn_kv_a_norm.weight": TensorSpec((c.head_dim,), one(F32)),
             "attn_sinks.weight": TensorSpec((c.n_head,), one(F32)),
-            "attn_output_a.weight": TensorSpec((heads_per_group * c.head_dim, c.n_out_group * c.o_lora_rank), one(Q8_0)),
+            "attn_output_a.weight": TensorSpec((heads_per_group * c.head_dim, c.n_out_group * c.o_lora_rank),
+                                               one(Q8_0)),
             "attn_output_b.weight": TensorSpec((c.n_out_group * c.o_lora_rank, E), one(Q8_0)),
         }
         r = c.ratio(i)

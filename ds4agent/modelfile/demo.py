@@ -178,7 +178,8 @@ def _metadata(c: ModelConfig, vocab: Vocab, preset: str, seed: int) -> dict:
     return {
         "general.architecture": (V.STRING, ARCH),
         "general.name": (V.STRING, c.name),
-        "general.description": (V.STRING, f"ds4agent demo model, preset {preset}, seed {seed}, generator v{GENERATOR_VERSION}"),
+        "general.description": (V.STRING,
+                                f"ds4agent demo model, preset {preset}, seed {seed}, generator v{GENERATOR_VERSION}"),
         "general.quantization_version": u32(2),
         k("context_length"): u32(c.context_length or 1048576),  # llama.cpp requires UINT32
         k("block_count"): u32(c.n_layer),

@@ -187,7 +187,8 @@ class _Cursor:
         implausible one is damage; a plausible one running past the end is a cut-off file."""
         if n > MAX_STRING_BYTES:
             bound = (f"longer than the whole file ({self.end} bytes)" if n > self.end else
-                     f"beyond any GGUF metadata string (at most {MAX_STRING_BYTES} bytes here; the file has {self.end})")
+                     f"beyond any GGUF metadata string "
+                     f"(at most {MAX_STRING_BYTES} bytes here; the file has {self.end})")
             raise GGUFError(f"{self.path}: damaged GGUF header: implausible string length {n} for {what} "
                             f"at byte {at}, {bound}")
         raise GGUFError(f"{self.path}: truncated GGUF header ({what} at byte {at} is a {n}-byte string, but the "
@@ -329,7 +330,8 @@ class GGUFFile:
         n_kv = c.u64("metadata count")
         # Each entry needs at least 8+4 (kv) / 8+4+4+8 (tensor) bytes: reject absurd counts early.
         if n_kv * 12 + n_tensors * 24 > self.file_size:
-            raise GGUFError(f"{self.path}: truncated GGUF header ({n_kv} metadata entries and {n_tensors} tensors do not fit)")
+            raise GGUFError(f"{self.path}: truncated GGUF header "
+                            f"({n_kv} metadata entries and {n_tensors} tensors do not fit)")
 
         self.metadata: dict[str, Any] = {}
         self.value_types: dict[str, tuple[int, int | None]] = {}

@@ -9,13 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from .config import (
-    ModelConfig,
-    check_tensors,
-    claims_flash,
-    config_from_gguf,
-    validate_flash,
-)
+from .config import ModelConfig, check_tensors, claims_flash, config_from_gguf, validate_flash
 from .gguf import GGUFFile, TensorInfo
 from .tokenizer import Tokenizer
 

@@ -26,16 +26,7 @@ from tokenizers import Regex, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
 from .gguf import GGUFError, GGUFFile, ValueType
-from .specials import (  # noqa: F401
-    ASSISTANT,
-    BOS,
-    DSML,
-    EOS,
-    REQUIRED_SPECIALS,
-    THINK_CLOSE,
-    THINK_OPEN,
-    USER,
-)
+from .specials import ASSISTANT, BOS, DSML, EOS, REQUIRED_SPECIALS, THINK_CLOSE, THINK_OPEN, USER  # noqa: F401
 
 
 def _joyai_pretokenizer() -> pre_tokenizers.PreTokenizer:
@@ -144,10 +135,12 @@ class Tokenizer:
                 # A damaged type byte turns the strings into numbers, which nothing below expects.
                 sub = f.value_types[key][1]  # both are lists here, so arrays
                 if sub != ValueType.STRING:
-                    raise GGUFError(f"{f.path}: {key} must be an array of strings, found an array of {ValueType(sub).name}")
+                    raise GGUFError(f"{f.path}: {key} must be an array of strings, "
+                                    f"found an array of {ValueType(sub).name}")
             model = f.metadata.get("tokenizer.ggml.model", "gpt2")
             if model != "gpt2":
-                raise GGUFError(f"{f.path}: tokenizer.ggml.model is {model!r}; DeepSeek V4 uses byte-level BPE ('gpt2')")
+                raise GGUFError(f"{f.path}: tokenizer.ggml.model is {model!r}; "
+                                "DeepSeek V4 uses byte-level BPE ('gpt2')")
             return cls(tokens, merges, source=f.path)
         finally:
             if f is not path:

@@ -5,14 +5,7 @@ streaming DSML parser (docs/protocol.md). Pure text and ids: no tensors, no file
 from __future__ import annotations
 
 from .streamparse import StreamParser
-from .template import (
-           THINK_MAX_MIN_CTX,
-           TemplateError,
-           conversation_from_text,
-           one_shot_prompt,
-           parse,
-           render,
-)
+from .template import THINK_MAX_MIN_CTX, TemplateError, conversation_from_text, one_shot_prompt, parse, render
 from .transcript import Transcript, encode_guarded
 
 __all__ = ["THINK_MAX_MIN_CTX", "StreamParser", "TemplateError", "Transcript", "conversation_from_text",

@@ -220,7 +220,8 @@ class StreamParser:
             m = _PARAM_HEAD.match(t, p)
             if not m:
                 if len(t) - p > 4096 or ">" in t[p:]:
-                    self._fail(events, "dsml_parameter", 'malformed parameter (expected name="..." string="true|false")')
+                    self._fail(events, "dsml_parameter",
+                               'malformed parameter (expected name="..." string="true|false")')
                 return False
             key, is_str = m.group(1), m.group(2) == "true"
             if key in call.params:
@@ -228,7 +229,8 @@ class StreamParser:
                 return False
             self._param = (key, is_str)
             call.params[key] = (is_str, "")
-            events.append(ParseEvent("param_start", "true" if is_str else "false", index=len(self._calls) - 1, name=key))
+            events.append(ParseEvent("param_start", "true" if is_str else "false", index=len(self._calls) - 1,
+                                     name=key))
             self._send_args(events, call, partial=True)
             self.pos = m.end()
             self._value_start = self._value_sent = self.pos
@@ -270,7 +272,8 @@ class StreamParser:
 
     def _send_value(self, events: list[ParseEvent], key: str, end: int) -> None:
         if end > self._value_sent:
-            events.append(ParseEvent("param_text", self.text[self._value_sent : end], index=len(self._calls) - 1, name=key))
+            events.append(ParseEvent("param_text", self.text[self._value_sent : end], index=len(self._calls) - 1,
+                                     name=key))
             self._value_sent = end
 
     def _args_text(self, call: _Call, partial: bool) -> str:

@@ -135,7 +135,9 @@ def _normalise(messages: Iterable[dict]) -> list[dict]:
         role = m["role"]
         content = m.get("content")
         blocks = content if isinstance(content, list) else None
-        if role == "assistant" and blocks and any(isinstance(b, dict) and b.get("type") in ("tool_use", "thinking") for b in blocks):
+        anthropic_turn = blocks and any(isinstance(b, dict) and b.get("type") in ("tool_use", "thinking")
+                                        for b in blocks)
+        if role == "assistant" and anthropic_turn:
             text, calls, thinking = [], list(m.get("tool_calls") or []), []
             for b in blocks:
                 kind = b.get("type")
@@ -144,7 +146,8 @@ def _normalise(messages: Iterable[dict]) -> list[dict]:
                 elif kind == "thinking":
                     thinking.append(b.get("thinking", ""))
                 elif kind == "tool_use":
-                    calls.append({"id": b.get("id", ""), "function": {"name": b["name"], "arguments": _dumps(b.get("input", {}))}})
+                    function = {"name": b["name"], "arguments": _dumps(b.get("input", {}))}
+                    calls.append({"id": b.get("id", ""), "function": function})
                 elif kind != "redacted_thinking":
                     raise TemplateError(f"assistant message: block of type {kind!r} cannot be rendered")
             m["content"] = "".join(text)
@@ -159,7 +162,8 @@ def _normalise(messages: Iterable[dict]) -> list[dict]:
                     if pending_text:
                         out.append({**{k: v for k, v in m.items() if k != "content"}, "content": "".join(pending_text)})
                         pending_text = []
-                    out.append({"role": "tool", "tool_call_id": b.get("tool_use_id", ""), "content": b.get("content", "")})
+                    out.append({"role": "tool", "tool_call_id": b.get("tool_use_id", ""),
+                                "content": b.get("content", "")})
                 else:
                     pending_text.append(_text_of([b], role))
             if pending_text:
@@ -347,7 +351,8 @@ def _render_one(i: int, msgs: list[_Msg], thinking: bool, drop: bool, effort: st
 
 
 def render(messages: Iterable[dict], thinking_mode: str = "thinking", reasoning_effort: str | None = None,
-           drop_thinking: bool = True, add_default_bos_token: bool = True, context: Iterable[dict] | None = None) -> str:
+           drop_thinking: bool = True, add_default_bos_token: bool = True,
+           context: Iterable[dict] | None = None) -> str:
     """Render ``messages`` as the official DeepSeek V4 prompt text.
 
     ``context``: messages already in the prompt (rendered earlier); only ``messages`` are
@@ -433,7 +438,8 @@ def _parse_block(text: str, pos: int) -> tuple[list[dict], int]:
             pos, body, _ = _scan(text, pos, (PARAM_CLOSE[1:-1],))  # "/｜DSML｜parameter"
             pm = _PARAM.match(body)
             if not pm:
-                raise _ParseFailure("dsml_parameter", p_at, 'malformed parameter (expected name="..." string="true|false")')
+                raise _ParseFailure("dsml_parameter", p_at,
+                                    'malformed parameter (expected name="..." string="true|false")')
             key, is_str, value = pm.group(1), pm.group(2) == "true", pm.group(3)
             if key in params:
                 raise _ParseFailure("dsml_duplicate_parameter", p_at, f"parameter {key!r} given twice")
@@ -557,7 +563,10 @@ def conversation_from_text(text: str) -> tuple[list[dict], str, str | None]:
         pos += len(ASSISTANT)
         turn_mode = "thinking" if text.startswith(THINK_OPEN, pos) else "chat"
         mode = turn_mode
-        pos += len(THINK_OPEN) if turn_mode == "thinking" else len(THINK_CLOSE) if text.startswith(THINK_CLOSE, pos) else 0
+        if turn_mode == "thinking":
+            pos += len(THINK_OPEN)
+        elif text.startswith(THINK_CLOSE, pos):
+            pos += len(THINK_CLOSE)
         eos = text.find(EOS, pos)
         if eos < 0:
             break  # an open assistant turn: the conversation ends here
@@ -567,7 +576,8 @@ def conversation_from_text(text: str) -> tuple[list[dict], str, str | None]:
         if "error" in parsed:
             body = completion[: -len(EOS)]
             reasoning, sep, content = body.partition(THINK_CLOSE)
-            parsed = {"content": content if sep else body, "reasoning_content": reasoning if sep else "", "tool_calls": []}
+            parsed = {"content": content if sep else body, "reasoning_content": reasoning if sep else "",
+                      "tool_calls": []}
         msg = {"role": "assistant", "content": parsed["content"]}
         if turn_mode == "thinking":
             msg["reasoning_content"] = parsed["reasoning_content"]

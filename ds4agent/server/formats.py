@@ -87,7 +87,8 @@ class Base:
 
 class ChatFormat(Base):
     def chunk(self, delta: dict, finish: str | None = None) -> str:
-        return data({"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.spec.model,
+        return data({"id": self.id, "object": "chat.completion.chunk", "created": self.created,
+                     "model": self.spec.model,
                      "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]})
 
     def head(self) -> list[str]:
@@ -145,7 +146,8 @@ class CompletionFormat(Base):
 
     def final(self) -> dict:
         return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.spec.model,
-                "choices": [{"text": self.content, "index": 0, "finish_reason": self.openai_finish(), "logprobs": None}],
+                "choices": [{"text": self.content, "index": 0, "finish_reason": self.openai_finish(),
+                             "logprobs": None}],
                 "usage": self.openai_usage()}
 
 
@@ -175,7 +177,8 @@ class MessagesFormat(Base):
                 "output_tokens": self.usage["completion_tokens"] if output is None else output}
 
     def stop_reason(self) -> str:
-        return {"length": "max_tokens", "tool_calls": "tool_use", "stop_sequence": "stop_sequence"}.get(self.finish, "end_turn")
+        return {"length": "max_tokens", "tool_calls": "tool_use", "stop_sequence": "stop_sequence"}.get(self.finish,
+                                                                                                        "end_turn")
 
     def _open(self, kind: str, block: dict) -> list[str]:
         out = self._close()
@@ -207,7 +210,8 @@ class MessagesFormat(Base):
         elif ev.kind == "content" and ev.text:
             if self.block != "text":
                 out += self._open("text", {"type": "text", "text": ""})
-            out.append(self.ev("content_block_delta", {"index": self.index, "delta": {"type": "text_delta", "text": ev.text}}))
+            out.append(self.ev("content_block_delta",
+                               {"index": self.index, "delta": {"type": "text_delta", "text": ev.text}}))
         elif ev.kind == "tool_start":
             out += self._open("tool_use", {"type": "tool_use", "id": ev.id, "name": ev.name, "input": {}})
         elif ev.kind == "tool_args" and ev.text:
@@ -262,7 +266,8 @@ class ResponsesFormat(Base):
 
     def response(self, status: str) -> dict:
         p, c = self.usage["prompt_tokens"], self.usage["completion_tokens"]
-        r = {"id": self.id, "object": "response", "created_at": self.created, "status": status, "model": self.spec.model,
+        r = {"id": self.id, "object": "response", "created_at": self.created, "status": status,
+             "model": self.spec.model,
              "output": self.items, "parallel_tool_calls": True, "tool_choice": "auto", "tools": [],
              "error": None, "incomplete_details": None,
              "usage": {"input_tokens": p, "input_tokens_details": {"cached_tokens": self.cached},
@@ -291,10 +296,12 @@ class ResponsesFormat(Base):
             out.append(self.ev("response.reasoning_summary_text.done", {"item_id": item["id"], "output_index": i,
                                                                         "summary_index": 0, "text": text}))
             out.append(self.ev("response.reasoning_summary_part.done", {"item_id": item["id"], "output_index": i,
-                                                                        "summary_index": 0, "part": item["summary"][0]}))
+                                                                        "summary_index": 0,
+                                                                        "part": item["summary"][0]}))
         elif item["type"] == "message":
             part = item["content"][0]
-            out.append(self.ev("response.output_text.done", {"item_id": item["id"], "output_index": i, "content_index": 0,
+            out.append(self.ev("response.output_text.done",
+                               {"item_id": item["id"], "output_index": i, "content_index": 0,
                                                              "text": part["text"], "logprobs": []}))
             out.append(self.ev("response.content_part.done", {"item_id": item["id"], "output_index": i,
                                                               "content_index": 0, "part": part}))
@@ -333,7 +340,8 @@ class ResponsesFormat(Base):
             item = {"id": "rs_" + secrets.token_hex(12), "type": "reasoning", "status": "in_progress",
                     "summary": [{"type": "summary_text", "text": ""}]}
         elif kind == "message":
-            item = {"id": "msg_" + secrets.token_hex(12), "type": "message", "status": "in_progress", "role": "assistant",
+            item = {"id": "msg_" + secrets.token_hex(12), "type": "message", "status": "in_progress",
+                    "role": "assistant",
                     "content": [{"type": "output_text", "text": "", "annotations": []}]}
         else:
             item = {"id": "fc_" + secrets.token_hex(12), "type": "function_call", "status": "in_progress",
@@ -384,7 +392,8 @@ class ResponsesFormat(Base):
         elif ev.kind == "done":
             out += self._close()
             status = self.status()
-            name = {"completed": "response.completed", "incomplete": "response.incomplete"}.get(status, "response.failed")
+            name = {"completed": "response.completed", "incomplete": "response.incomplete"}.get(status,
+                                                                                                "response.failed")
             out.append(self.ev(name, {"response": self.response(status)}))
         return out
 

@@ -65,7 +65,8 @@ def _num(body: dict, key: str, kind: type, lo: float | None = None, hi: float | 
     return v
 
 
-def sampling_of(body: dict, d: Defaults, keys: tuple[str, ...] = ("temperature", "top_p", "top_k", "min_p", "seed")) -> SamplingParams:
+def sampling_of(body: dict, d: Defaults,
+                keys: tuple[str, ...] = ("temperature", "top_p", "top_k", "min_p", "seed")) -> SamplingParams:
     base = d.sampling
     t = _num(body, "temperature", float, 0, 100) if "temperature" in keys else None
     p = _num(body, "top_p", float, 0, 1) if "top_p" in keys else None
@@ -94,7 +95,8 @@ def _stop(value: Any, key: str) -> list[str]:
         return []
     if isinstance(value, str):
         return [value]
-    _check(isinstance(value, list) and all(isinstance(s, str) for s in value), f"{key} must be a string or an array of strings", key)
+    _check(isinstance(value, list) and all(isinstance(s, str) for s in value),
+           f"{key} must be a string or an array of strings", key)
     return list(value)
 
 
@@ -221,7 +223,8 @@ def chat(body: dict, d: Defaults) -> Spec:
             a["tool_calls"] = []
             for c in calls:
                 fn = c.get("function") if isinstance(c, dict) else None
-                _check(isinstance(fn, dict) and isinstance(fn.get("name"), str), f"{where}: tool call without a function name",
+                _check(isinstance(fn, dict) and isinstance(fn.get("name"), str),
+                       f"{where}: tool call without a function name",
                        "messages")
                 a["tool_calls"].append({"id": c.get("id") or "", "type": "function",
                                         "function": {"name": fn["name"], "arguments": _arguments(fn.get("arguments"))}})
@@ -268,7 +271,8 @@ def _system_text(system: Any) -> str:
     _check(isinstance(system, list), "system must be a string or an array of text blocks", "system")
     out = ""
     for b in system:
-        _check(isinstance(b, dict) and isinstance(b.get("text", ""), str), "system blocks must be text blocks", "system")
+        _check(isinstance(b, dict) and isinstance(b.get("text", ""), str), "system blocks must be text blocks",
+               "system")
         text = b.get("text", "")
         # Claude Code puts a per-request billing header first ("x-anthropic-billing-header: ...");
         # it changes with every request and would make the whole prompt a cache miss.
@@ -424,8 +428,10 @@ def responses(body: dict, d: Defaults) -> Spec:
                 out.append({"role": "system" if role == "developer" else role, "content": text})
         elif kind in ("function_call", "custom_tool_call"):
             _check(isinstance(it.get("name"), str), f"{where}: function_call without a name", "input")
-            args = _arguments(it.get("arguments")) if kind == "function_call" else json.dumps({"input": it.get("input", "")})
-            call = {"id": it.get("call_id") or "", "type": "function", "function": {"name": it["name"], "arguments": args}}
+            args = _arguments(it.get("arguments")) if kind == "function_call" else json.dumps({"input": it.get("input",
+                                                                                                               "")})
+            call = {"id": it.get("call_id") or "", "type": "function",
+                    "function": {"name": it["name"], "arguments": args}}
             if out and out[-1]["role"] == "assistant" and (out[-1]["tool_calls"] or not out[-1].get("_closed")):
                 out[-1]["tool_calls"].append(call)
             else:
@@ -455,7 +461,8 @@ def responses(body: dict, d: Defaults) -> Spec:
     effort = r.get("effort") if isinstance(r, dict) else None
     mode, eff = thinking_of(body, d, effort)
     spec = _base("responses", body, d, _with_tools(out, tools), None, mode, eff,
-                 sampling_of(body, d, ("temperature", "top_p")), _max_tokens(body, d, "max_output_tokens", "max_tokens"),
+                 sampling_of(body, d, ("temperature", "top_p")),
+                 _max_tokens(body, d, "max_output_tokens", "max_tokens"),
                  [])
     spec.summary = True
     return spec

@@ -40,7 +40,8 @@ def _socket(host: str, port: int) -> socket.socket:
 def _uvicorn(app: Any) -> uvicorn.Server:
     # HTTP/1.1 keep-alive is on (clients reuse connections); access logs are replaced by the
     # server's own one line per request.
-    config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_keep_alive=30, timeout_graceful_shutdown=5,
+    config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_keep_alive=30,
+                            timeout_graceful_shutdown=5,
                             lifespan="off", ws="none")
     return uvicorn.Server(config)
 

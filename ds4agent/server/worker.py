@@ -266,7 +266,8 @@ class Worker:
         t0 = time.perf_counter()
         ids, cached, source = self._reuse(job)
         if len(ids) >= self.ctx:
-            job.emit(JobEvent("error", f"Prompt has {len(ids)} tokens, but the configured context size is {self.ctx} tokens",
+            job.emit(JobEvent("error",
+                              f"Prompt has {len(ids)} tokens, but the configured context size is {self.ctx} tokens",
                          data={"status": 400, "code": "context_length_exceeded", "n_prompt_tokens": len(ids),
                                "n_ctx": self.ctx}))
             return

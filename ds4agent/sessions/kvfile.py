@@ -6,9 +6,10 @@
    48  u32 text length L, L bytes of rendered text, the engine payload, [tool-id map "KTM"]
 
 The rendered text is the identity of a session: its SHA-1 names the file. Reading a header or
-the text reads no more of the payload than its 52-byte header (to check the token count). ds4 leaves the u32 at offset 20 reserved (zero); we store a
-fingerprint of the model there so a session cannot be resumed on a different model of the same
-shape (ds4 files, with zero, are checked by shape only).
+the text reads no more of the payload than its 52-byte header (to check the token count). ds4
+leaves the u32 at offset 20 reserved (zero); we store a fingerprint of the model there so a
+session cannot be resumed on a different model of the same shape (ds4 files, with zero, are
+checked by shape only).
 """
 
 from __future__ import annotations
@@ -133,11 +134,13 @@ def _parse_header(raw: bytes, path: str, file_size: int) -> KVHeader:
     """The header, checked against itself and the file's size (nothing else is read)."""
     if len(raw) < HEADER.size:
         raise KVFileError(f"{path}: truncated session file ({file_size} bytes)")
-    magic, version, bits, reason, flags, _res, tokens, hits, ctx, fp, created, used, pbytes, tbytes = HEADER.unpack(raw[: HEADER.size])
+    (magic, version, bits, reason, flags, _res, tokens, hits, ctx, fp, created, used,
+     pbytes, tbytes) = HEADER.unpack(raw[: HEADER.size])
     if magic != MAGIC:
         raise KVFileError(f"{path}: not a session file (bad magic)")
     if version != VERSION:
-        raise KVFileError(f"{path}: session file version {version} is newer than this build understands (version {VERSION})")
+        raise KVFileError(f"{path}: session file version {version} is newer than this build understands "
+                          f"(version {VERSION})")
     if bits not in (2, 4):
         raise KVFileError(f"{path}: invalid expert quant bits {bits}")
     if tokens == 0:
@@ -169,7 +172,8 @@ def _parse_header(raw: bytes, path: str, file_size: int) -> KVHeader:
 
 def _kind(mode: int) -> str:
     for test, name in ((stat.S_ISDIR, "directory"), (stat.S_ISFIFO, "FIFO"), (stat.S_ISSOCK, "socket"),
-                       (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"), (stat.S_ISLNK, "symbolic link")):
+                       (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"),
+                       (stat.S_ISLNK, "symbolic link")):
         if test(mode):
             return name
     return "special file"
@@ -275,7 +279,8 @@ class KVReader:
             self.size = st.st_size
             self.header = _parse_header(self.pread(0, HEADER.size), self.path, self.size)
             h = self.header
-            self.payload_header = (_check_payload_header(self.pread(h.payload_offset, PAYLOAD_HEADER.size), h, self.path)
+            self.payload_header = (_check_payload_header(self.pread(h.payload_offset, PAYLOAD_HEADER.size), h,
+                                                         self.path)
                                    if h.payload_bytes else None)
         except BaseException:
             os.close(self.fd)

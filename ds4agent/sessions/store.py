@@ -135,7 +135,8 @@ class SessionStore:
         # still waits for other writers, as it should); O_NOFOLLOW: never create a file
         # wherever a link put there points.
         try:
-            fd = os.open(lock, os.O_CREAT | os.O_RDWR | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o644)
+            fd = os.open(lock, os.O_CREAT | os.O_RDWR | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0),
+                         0o644)
         except OSError as e:
             raise StoreError(f"{lock}: cannot open the store's lock file: {e.strerror}") from None
         try:

@@ -15,4 +15,5 @@ def all_tools() -> dict[str, Tool]:
     return {t.name: t for t in (*_FILES, *_SEARCH, *_SHELL, *_OUTLINE)}
 
 
-__all__ = ["MODES", "SANDBOX_MODES", "Approver", "Policy", "Request", "Tool", "ToolError", "ToolResult", "Workspace", "all_tools", "run_tool"]
+__all__ = ["MODES", "SANDBOX_MODES", "Approver", "Policy", "Request", "Tool", "ToolError", "ToolResult", "Workspace",
+           "all_tools", "run_tool"]

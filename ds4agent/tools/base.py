@@ -144,7 +144,8 @@ _PY_TYPES = {str: "string", int: "integer", bool: "boolean"}
 def _show(value: Any, limit: int = 40) -> str:
     """A value as the model wrote it, cut short: error messages must stay one readable line."""
     try:
-        text = json.dumps(value, ensure_ascii=True) if isinstance(value, (str, int, float, bool)) else type(value).__name__
+        text = json.dumps(value, ensure_ascii=True) if isinstance(value,
+                                                                  (str, int, float, bool)) else type(value).__name__
     except ValueError:  # an integer beyond Python's digit limit for str()
         text = "a very large integer"
     return text if len(text) <= limit else text[: limit - 1] + "…"
@@ -227,7 +228,8 @@ def check_arguments(tool: Tool, args: Any) -> dict[str, Any]:
         spec = props[name]
         value = _coerce(name, value, spec.get("type", ""))
         if "enum" in spec and value not in spec["enum"]:
-            raise ToolError(f"parameter '{name}' must be one of {', '.join(map(str, spec['enum']))}, got {_show(value)}")
+            allowed = ", ".join(map(str, spec["enum"]))
+            raise ToolError(f"parameter '{name}' must be one of {allowed}, got {_show(value)}")
         if "minimum" in spec and value < spec["minimum"]:
             raise ToolError(f"parameter '{name}' must be at least {spec['minimum']}, got {_show(value)}")
         if "maximum" in spec and value > spec["maximum"]:

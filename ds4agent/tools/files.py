@@ -157,7 +157,8 @@ def _plan_edit(ws: Workspace, args: dict) -> tuple[Path, str, str]:
         if count == 0:
             raise ToolError(f"{ws.rel(p)}: 'old' text not found; read the file and copy the text exactly")
         if count > 1:
-            raise ToolError(f"{ws.rel(p)}: 'old' text occurs {count} times; include more surrounding lines to make it unique")
+            raise ToolError(f"{ws.rel(p)}: 'old' text occurs {count} times; "
+                            "include more surrounding lines to make it unique")
         updated = text.replace(old_text, new, 1)
     elif start is not None:
         seen = ws.seen.get(str(p))
@@ -237,7 +238,8 @@ TOOLS = [
     Tool("edit", "Change part of a file: replace the unique text 'old' by 'new', or replace lines start..end "
          "(as numbered by your last read of the unchanged file) by 'new'.",
          {"type": "object", "properties": {
-             "path": {"type": "string"}, "old": {"type": "string", "description": "exact text to replace (must be unique)"},
+             "path": {"type": "string"},
+             "old": {"type": "string", "description": "exact text to replace (must be unique)"},
              "new": {"type": "string", "description": "replacement text"},
              "start": {"type": "integer", "minimum": 1, "description": "first line to replace"},
              "end": {"type": "integer", "minimum": 1, "description": "last line to replace (default: start)"}},

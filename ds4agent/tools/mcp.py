@@ -119,7 +119,8 @@ def parse_servers(data: dict, source: Path, project: bool, root: Path) -> list[S
         if cwd is not None and not isinstance(cwd, str):
             raise McpConfigError(f"{where}.cwd must be a string")
         if cwd is not None:
-            cwd = str((root / Path(cwd).expanduser()) if not Path(cwd).expanduser().is_absolute() else Path(cwd).expanduser())
+            given = Path(cwd).expanduser()
+            cwd = str(given if given.is_absolute() else root / given)
         out.append(ServerConfig(
             name, entry["command"], _strings(entry.get("args", []), f"{where}.args"), dict(env), cwd,
             _seconds(entry.get("startup_timeout_sec", STARTUP_TIMEOUT), f"{where}.startup_timeout_sec"),
@@ -230,7 +231,8 @@ class McpHub:
                 self.status.append(ServerStatus(cfg.name, True, [tool_name(cfg.name, t.name) for t in tools]))
                 self._tools_of[cfg.name] = tools
             except concurrent.futures.TimeoutError:
-                self.status.append(ServerStatus(cfg.name, False, error=f"did not start within {cfg.startup_timeout:g} s"))
+                self.status.append(ServerStatus(cfg.name, False,
+                                                error=f"did not start within {cfg.startup_timeout:g} s"))
             except Exception as e:  # noqa: BLE001 - whatever a server did, the agent goes on without it
                 self.status.append(ServerStatus(cfg.name, False, error=_why(e, cfg, self._log(cfg.name))))
         return self.status
@@ -252,7 +254,8 @@ class McpHub:
         try:
             params = StdioServerParameters(command=cfg.command, args=cfg.args, env=cfg.env or None, cwd=cfg.cwd)
             async with stdio_client(params, errlog=log) as (read, write):
-                async with ClientSession(read, write, client_info=Implementation(name="ds4agent", version=__version__)) as s:
+                async with ClientSession(read, write,
+                                         client_info=Implementation(name="ds4agent", version=__version__)) as s:
                     await asyncio.wait_for(s.initialize(), cfg.startup_timeout)
                     tools = await asyncio.wait_for(self._list_tools(s), cfg.startup_timeout)
                     tools = [t for t in tools if (cfg.enabled_tools is None or t.name in cfg.enabled_tools)
@@ -343,7 +346,8 @@ class McpHub:
             except concurrent.futures.TimeoutError:
                 if stop is not None and stop.is_set():
                     fut.cancel()
-                    return ToolResult(f"error: {name} was stopped by the user", f"{name}: stopped by the user", ok=False)
+                    return ToolResult(f"error: {name} was stopped by the user", f"{name}: stopped by the user",
+                                      ok=False)
                 if time.monotonic() - started > limit + 5:
                     fut.cancel()
                     raise ToolError(f"{name} gave no answer within {limit:g} s (tool_timeout_sec)") from None

@@ -124,6 +124,7 @@ def outline(ws: Workspace, args: dict) -> ToolResult:
 TOOLS = [
     Tool("outline", "List the definitions (classes, functions, methods, types) of a source file or of every source "
          "file in a directory, with line numbers. Python, JavaScript/TypeScript, Go, Rust, C/C++, Java.",
-         {"type": "object", "properties": {"path": {"type": "string", "description": "file or directory (default: the root)"}}},
+         {"type": "object",
+          "properties": {"path": {"type": "string", "description": "file or directory (default: the root)"}}},
          outline),
 ]

@@ -124,8 +124,8 @@ class Policy:
         """Said once when the agent starts: only when no sandbox can confine commands."""
         if self.sandbox_mode == "full-access" or self.mechanism() is not None:
             return None
-        return ("no OS sandbox is available here (Landlock, bubblewrap or sandbox-exec): shell commands run unconfined, "
-                "so every one needs an approval in auto-edit")
+        return ("no OS sandbox is available here (Landlock, bubblewrap or sandbox-exec): "
+                "shell commands run unconfined, so every one needs an approval in auto-edit")
 
     def confinement(self, ws: Workspace, analysis: Analysis | None) -> sb.Confinement | None:
         if not self.confined():
@@ -198,12 +198,14 @@ class Policy:
         # Where it runs and how it is confined: said with every question about a command.
         where = (f"in {ws.root}", f"sandbox: {self.describe()}")
         if a.level >= DANGEROUS:
-            return Request(tool.name, summary, f"dangerous command ({'; '.join(a.reasons(DANGEROUS)[:3])})", "dangerous",
+            return Request(tool.name, summary, f"dangerous command ({'; '.join(a.reasons(DANGEROUS)[:3])})",
+                           "dangerous",
                            details=where)
         if self.mode == "yolo":
             return None
         if a.level >= UNKNOWN:
-            return Request(tool.name, summary, f"cannot be checked before it runs ({'; '.join(a.reasons(UNKNOWN)[:3])})",
+            return Request(tool.name, summary,
+                           f"cannot be checked before it runs ({'; '.join(a.reasons(UNKNOWN)[:3])})",
                            "unknown", details=where)
         auto = self.mode == "auto-edit" and self.confined()
         rules = [g[1:] for g in self.always if g and g[0] == "shell"]

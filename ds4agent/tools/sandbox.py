@@ -106,7 +106,8 @@ DEVICE_FILES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/tty", "/dev/random"
 DEVICE_DIRS = ("/dev/pts",)
 PR_SET_NO_NEW_PRIVS = 38
 CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWNET = 0x00020000, 0x10000000, 0x40000000
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 8, 32, 4096, 16384, 1 << 18
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
+MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
 MS_NOATIME, MS_NODIRATIME, MS_RELATIME = 1024, 2048, 1 << 21
 
 
@@ -159,7 +160,8 @@ def restrict_self(writable: list[str], files: list[str], abi: int, network: bool
     if abi >= 6 and scope:
         size = 24
         attr.scoped = _SCOPE_SIGNAL | _SCOPE_ABSTRACT_UNIX
-    fd = libc.syscall(ctypes.c_long(_NR["create_ruleset"]), ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
+    fd = libc.syscall(ctypes.c_long(_NR["create_ruleset"]), ctypes.byref(attr), ctypes.c_size_t(size),
+                      ctypes.c_uint32(0))
     if fd < 0:
         e = ctypes.get_errno()
         raise OSError(e, f"landlock_create_ruleset: {os.strerror(e)}")
@@ -440,8 +442,9 @@ def _detect_landlock() -> Backend | None:
     if not report or not report.get("blocks_writes") or not report.get("allows_writes"):
         return None
     ns = bool(report.get("namespaces"))
+    why_not = report.get("namespace_error") or "unavailable"
     detail = f"Landlock ABI {abi}" + (", .git read-only (mount namespace)" if ns else
-                                      f", .git writable (no user namespaces: {report.get('namespace_error') or 'unavailable'})")
+                                      f", .git writable (no user namespaces: {why_not})")
     return Backend("landlock", detail, abi=abi, namespaces=ns, features=report)
 
 

@@ -61,7 +61,8 @@ def user_output(text: str) -> str:
         return text
     spill = _spill_dir() / f"user-{time.monotonic_ns()}.log"
     spill.write_text(text, encoding="utf-8")
-    return f"[the first {len(text) - USER_OUTPUT} characters are left out here; full output in {spill}]\n" + text[-USER_OUTPUT:]
+    note = f"[the first {len(text) - USER_OUTPUT} characters are left out here; full output in {spill}]\n"
+    return note + text[-USER_OUTPUT:]
 
 
 def _kill(proc: subprocess.Popen) -> None:

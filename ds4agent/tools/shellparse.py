@@ -355,7 +355,8 @@ class _Walker:
             return [self.declaration(node, depth)]
         if t == "variable_assignment" or t == "variable_assignments":
             assigns = self.assignments(node, depth)
-            cmd = Command([], assigns, source=self.text(node), function=self.function, kind="assignment", cwd=self.state)
+            cmd = Command([], assigns, source=self.text(node), function=self.function, kind="assignment",
+                          cwd=self.state)
             self.script.commands.append(cmd)
             return [cmd]
         if t == "redirected_statement":
@@ -529,7 +530,8 @@ class _Walker:
                 assigns += self.assignments(c, depth + 1)
             else:
                 words.append(self.word(c, depth + 1))
-        cmd = Command(words, assigns, source=self.text(node), function=self.function, kind="declaration", cwd=self.state)
+        cmd = Command(words, assigns, source=self.text(node), function=self.function, kind="declaration",
+                      cwd=self.state)
         self.script.commands.append(cmd)
         return cmd
 
@@ -619,7 +621,8 @@ class _Walker:
                     text = None
                 else:
                     raw = self.data[begin:body.end_byte].decode("utf-8", "surrogatepass")
-                    text = raw if quoted else re.sub(r"\\([$`\\\n])", lambda m: "" if m.group(1) == "\n" else m.group(1), raw)
+                    text = raw if quoted else re.sub(r"\\([$`\\\n])",
+                                                     lambda m: "" if m.group(1) == "\n" else m.group(1), raw)
                 if text is not None and op == "<<-":
                     text = "\n".join(line.lstrip("\t") for line in text.split("\n"))
             for c in node.named_children:  # `cat <<EOF > f`: the grammar nests the next redirect

@@ -14,23 +14,8 @@ from ..conversation.agent_setup import AgentSetup
 from ..sessions import SessionStore, StoreError
 from ..tools import MODES, SANDBOX_MODES, Request
 from .chat import run_tty
-from .commands import (
-    ChatCommands,
-    commands_for,
-    load_session,
-    saved_sessions,
-    session_line,
-)
-from .terminal import (
-    GREY,
-    RESET,
-    YELLOW,
-    Out,
-    TurnView,
-    color_diff,
-    run_events,
-    short_count,
-)
+from .commands import ChatCommands, commands_for, load_session, saved_sessions, session_line
+from .terminal import GREY, RESET, YELLOW, Out, TurnView, color_diff, run_events, short_count
 
 OUTPUTS_KEPT = 50  # commands whose whole output /output can show again
 
@@ -92,8 +77,8 @@ class AgentCommands(ChatCommands):
         if arg and not arg.isdigit():
             self.out.note("/output takes a number: 1 is the last command, 2 the one before", error=True)
         elif not self.shown.expand_last(self.out, n):
-            self.out.note("no command output to show" if not self.shown.outputs else
-                          f"only {len(self.shown.outputs)} command output{'s' if len(self.shown.outputs) > 1 else ''} kept",
+            n = len(self.shown.outputs)
+            self.out.note(f"only {n} command output{'s' if n > 1 else ''} kept" if n else "no command output to show",
                           error=bool(arg))
 
     def cmd_new(self, arg: str) -> None:
@@ -180,7 +165,8 @@ def tty_approver(out: Out, ask_key: Callable[[str, str], str], shown: Shown | No
         if req.scope:
             out.line(f"  a = always allow {req.scope} (this session)", GREY)
         while True:
-            choices = "y yes · n no" + (" · a always" if req.scope else "") + " · Esc no" + (" · v view all" if rest else "")
+            choices = ("y yes · n no" + (" · a always" if req.scope else "") + " · Esc no"
+                       + (" · v view all" if rest else ""))
             question = f"  {req.reason}. Allow? {choices} "
             key = ask_key((YELLOW + question + RESET) if out.tty else question, "yn" + ("a" if req.scope else "")
                           + ("v" if rest else ""))
@@ -259,7 +245,8 @@ def after_step(agent: Agent, out: Out, git_commit: str, ask_key: Callable[[str, 
     except UndoError as e:
         out.note(f"not committed: {e}", error=True)
         return
-    out.note(f"committed {sha[:10]}: {message.splitlines()[0]}" if sha else "nothing to commit: the files are as committed")
+    out.note(f"committed {sha[:10]}: {message.splitlines()[0]}" if sha
+             else "nothing to commit: the files are as committed")
 
 
 def list_steps(journal, out: Out) -> None:
@@ -379,7 +366,8 @@ def run_headless(agent: Agent, task: str, output_format: str | bool, stdout: IO[
     claude = None
     if fmt in ("json", "stream-json"):
         info = agent.conv.engine.info
-        claude = ClaudeStream(info.name, str(agent.ws.root), list(agent.tools), agent.policy.mode, mcp_servers, __version__)
+        claude = ClaudeStream(info.name, str(agent.ws.root), list(agent.tools), agent.policy.mode, mcp_servers,
+                              __version__)
 
     def emit(d: dict) -> None:
         stdout.write(json.dumps(d, ensure_ascii=False) + "\n")

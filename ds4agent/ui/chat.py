@@ -29,8 +29,8 @@ def status_text(conv: Conversation) -> str:
     st = conv.stats
     used = len(conv.transcript.tokens)
     mode = {"chat": "no thinking", "thinking": "thinking", "max": "think max"}[conv.mode]
-    return (f" {conv.engine.info.name} | ctx {short_count(used)}/{short_count(conv.ctx)} | prefill {st.prefill_tps:.1f} t/s | "
-            f"gen {st.gen_tps:.1f} t/s | {mode} ")
+    return (f" {conv.engine.info.name} | ctx {short_count(used)}/{short_count(conv.ctx)} | "
+            f"prefill {st.prefill_tps:.1f} t/s | gen {st.gen_tps:.1f} t/s | {mode} ")
 
 
 # -- front ends ---------------------------------------------------------------------------------

@@ -127,7 +127,8 @@ class ChatCommands:
             self.out.note(f"save failed: {e}", error=True)
             return
         self.conv.dirty = False
-        self.out.note(f"saved {sha[:ID_CHARS]} ({short_count(len(self.conv.session.tokens))} tokens) in {self.store.dir}")
+        tokens = short_count(len(self.conv.session.tokens))
+        self.out.note(f"saved {sha[:ID_CHARS]} ({tokens} tokens) in {self.store.dir}")
 
     def run(self, line: str) -> None:
         cmd, _, arg = line.strip().partition(" ")
@@ -179,7 +180,8 @@ class ChatCommands:
 
     def cmd_system(self, arg: str) -> None:
         if not arg:
-            self.out.note(f"system text: {self.conv.system!r}" if self.conv.system else "no system text; /system TEXT sets one")
+            self.out.note(f"system text: {self.conv.system!r}" if self.conv.system
+                          else "no system text; /system TEXT sets one")
             return
         self.offer_save()
         self.conv.reset(system=arg)

@@ -134,7 +134,8 @@ def dump_logprobs(engine: "Engine", job: OneShot, path: str, top_k: int) -> int:
             f'{{"token":{_token_json(tok, t)},"logit":{logit:.9g},"logprob":{logprob:.9g}}}'
             for t, logit, logprob in session.top_logprobs(top_k)
         )
-        steps.append(f'    {{"step":{step.index},"selected":{_token_json(tok, step.token)},"top_logprobs":[{entries}]}}')
+        selected = _token_json(tok, step.token)
+        steps.append(f'    {{"step":{step.index},"selected":{selected},"top_logprobs":[{entries}]}}')
         if step.finish:
             break
     body = (

@@ -46,7 +46,8 @@ def inspect_lines(r: "ModelReport", tensors: bool) -> list[str]:
         f"indexer       {c.indexer_n_head} heads x {c.indexer_head_dim}, top-k {c.indexer_top_k}",
         f"moe           {c.n_expert} experts, {c.n_expert_used} active, width {c.expert_ff}, "
         f"{c.n_shared_expert} shared, scale {c.expert_weights_scale:g}",
-        f"rope          base {c.rope_base:g} (window layers), {c.compress_rope_base:g} + YaRN x{c.rope_scaling_factor:g} "
+        f"rope          base {c.rope_base:g} (window layers), "
+        f"{c.compress_rope_base:g} + YaRN x{c.rope_scaling_factor:g} "
         f"(compressed layers, original ctx {c.rope_orig_ctx})",
         f"hyper-conn.   {c.hc_count} streams, {c.hc_sinkhorn_iters} Sinkhorn iterations",
         f"vocabulary    {r.vocab_size} tokens, {r.n_merges} merges, {r.n_added} added tokens",

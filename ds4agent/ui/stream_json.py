@@ -24,7 +24,8 @@ PERMISSION_MODES = {"ask": "default", "auto-edit": "acceptEdits", "yolo": "bypas
 TURN_STOP = {"eos": "end_turn", "length": "max_tokens", "context": "model_context_window_exceeded",
              "interrupted": None}
 # A run's stop (agent.STOP_REASONS) as the result's subtype.
-RESULT_SUBTYPE = {"end_turn": "success", "refused": "success", "max_tokens": "success", "context": "error_during_execution",
+RESULT_SUBTYPE = {"end_turn": "success", "refused": "success", "max_tokens": "success",
+                  "context": "error_during_execution",
                   "error": "error_during_execution", "interrupted": "error_during_execution"}
 
 
@@ -102,7 +103,8 @@ class ClaudeStream:
             fn = call.get("function", {})
             ident = self._new_id()
             self._ids.append(ident)
-            content.append({"type": "tool_use", "id": ident, "name": fn.get("name", ""), "input": _input(fn.get("arguments"))})
+            content.append({"type": "tool_use", "id": ident, "name": fn.get("name", ""),
+                            "input": _input(fn.get("arguments"))})
         stop = "tool_use" if self._ids else TURN_STOP.get(data.get("finish", ""), None)
         self.last_text, self.last_stop = text, stop
         return self._line({"type": "assistant", "message": {
@@ -118,7 +120,8 @@ class ClaudeStream:
              "duration_ms": int((time.perf_counter() - self.started) * 1000),
              "duration_api_ms": int(usage.get("model_seconds", 0.0) * 1000), "num_turns": usage.get("turns", 0),
              "result": self.last_text, "stop_reason": self.last_stop, "session_id": self.session_id,
-             "total_cost_usd": 0, "usage": {**u, "server_tool_use": {"web_search_requests": 0}, "service_tier": "standard"},
+             "total_cost_usd": 0,
+             "usage": {**u, "server_tool_use": {"web_search_requests": 0}, "service_tier": "standard"},
              "modelUsage": {self.model: {"inputTokens": u["input_tokens"], "outputTokens": u["output_tokens"],
                                          "cacheReadInputTokens": u["cache_read_input_tokens"],
                                          "cacheCreationInputTokens": 0, "webSearchRequests": 0, "costUSD": 0,

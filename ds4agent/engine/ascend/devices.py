@@ -176,7 +176,8 @@ def plan(cfg: ModelConfig, layer_bytes: Sequence[int], embed_bytes: int, head_by
     stages = []
     for s, dev in enumerate(devices):
         layers = range(bounds[s], bounds[s + 1])
-        w = sum(layer_bytes[i] for i in layers) + (embed_bytes if s == 0 else 0) + (head_bytes if s == len(devices) - 1 else 0)
+        w = (sum(layer_bytes[i] for i in layers) + (embed_bytes if s == 0 else 0)
+             + (head_bytes if s == len(devices) - 1 else 0))
         kv = sum(layer_kv_bytes(cfg, i, ctx) for i in layers)
         stages.append(Stage(s, dev, layers, w, kv, memory[s]))
     for st in stages:

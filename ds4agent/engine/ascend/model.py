@@ -118,7 +118,8 @@ class AscendModel:
             if st is None or not isinstance(st.raw, torch.Tensor):
                 layers.append(st)
                 continue
-            fr = [None if f is None else Frontier(_host(f.kv), _host(f.score)) for f in (st.comp_frontier, st.idx_frontier)]
+            fr = [None if f is None else Frontier(_host(f.kv), _host(f.score)) for f in (st.comp_frontier,
+                                                                                         st.idx_frontier)]
             layers.append(LayerState(st.ratio, _host(st.raw), _host(st.comp), fr[0], _host(st.idx_comp), fr[1]))
         return ModelState(layers, state.n_tokens)
 
@@ -183,7 +184,8 @@ class AscendModel:
 
     def _layer(self, i: int, X: torch.Tensor, ctx: dict, st: LayerState, p0: int) -> torch.Tensor:
         p, w = f"blk.{i}.", self.w.param
-        x, post, M = self._hc_pre(X, p + "hc_attn_fn.weight", w(p + "hc_attn_scale.weight"), w(p + "hc_attn_base.weight"))
+        x, post, M = self._hc_pre(X, p + "hc_attn_fn.weight", w(p + "hc_attn_scale.weight"),
+                                  w(p + "hc_attn_base.weight"))
         X = plain.hc_post(self._attention(i, x, ctx, st, p0), X, post, M)
         x, post, M = self._hc_pre(X, p + "hc_ffn_fn.weight", w(p + "hc_ffn_scale.weight"), w(p + "hc_ffn_base.weight"))
         return plain.hc_post(self._ffn(i, x, ctx), X, post, M)

@@ -74,7 +74,8 @@ def read_hostfile(path: str) -> list[Host]:
         raise LaunchError(f"{path}: not JSON ({e})") from None
     entries = data.get("hosts") if isinstance(data, dict) else data
     if not isinstance(entries, list) or not entries:
-        raise LaunchError(f"{path}: expected a list of hosts like [{{\"ssh\": \"mac1\", \"ips\": [\"10.0.0.1\"]}}, ...]")
+        raise LaunchError(f"{path}: expected a list of hosts like "
+                          '[{"ssh": "mac1", "ips": ["10.0.0.1"]}, ...]')
     hosts = []
     for i, e in enumerate(entries):
         if not isinstance(e, dict) or not isinstance(e.get("ssh"), str) or not e["ssh"]:
@@ -177,7 +178,8 @@ def alive(procs: list[subprocess.Popen], hosts: list[Host]):
         for rank, p in enumerate(procs, 1):
             code = p.poll()
             if code is not None:
-                why = "ssh could not reach it" if code == 255 and hosts[rank].ssh not in LOCAL else f"exit status {code}"
+                unreachable = code == 255 and hosts[rank].ssh not in LOCAL
+                why = "ssh could not reach it" if unreachable else f"exit status {code}"
                 raise GroupError(f"rank {rank} ({hosts[rank].ssh}) stopped before the group formed ({why})")
 
     return check

@@ -152,7 +152,8 @@ def read_per_token(cfg: ModelConfig, tensors: list[TensorSize], p: Plan) -> int:
             continue
         if name.startswith("output"):
             if last:
-                share = (p.vocab[1] - p.vocab[0]) / cfg.n_vocab if (p.split == "experts" and name == "output.weight") else 1
+                sliced = p.split == "experts" and name == "output.weight"
+                share = (p.vocab[1] - p.vocab[0]) / cfg.n_vocab if sliced else 1
                 total += t.nbytes * share
             continue
         if not name.startswith("blk.") or int(name.split(".")[1]) not in layers:

@@ -171,7 +171,8 @@ def _probe_cases(w: Weights, seed: int = 0) -> dict[str, list[tuple[str, tuple]]
         many = max(2, -(-8 // k))
         more = np.stack([first, rng.permutation(second)] + [rng.choice(cfg.n_expert, k, replace=False)
                                                               for _ in range(many - 2)])
-        batches = [("", first[None]), ("", more)] + [(" same experts", np.repeat(second[None], T, axis=0)) for T in (2, 3, 9)]
+        batches = [("", first[None]),
+                   ("", more)] + [(" same experts", np.repeat(second[None], T, axis=0)) for T in (2, 3, 9)]
         for what, sel in batches:
             T = len(sel)
             route = rng.uniform(0.1, 1.0, (T, k)).astype(np.float32)
@@ -184,7 +185,8 @@ def _probe_cases(w: Weights, seed: int = 0) -> dict[str, list[tuple[str, tuple]]
         mask = np.zeros((T, N), bool)
         for t in range(T):
             mask[t, rng.choice(N, V, replace=False)] = True
-        cases["attend"].append((f"T={T} {V} of {N} rows visible", (normal(H, T, D, scale=0.3), normal(N, D), mask, sinks)))
+        cases["attend"].append((f"T={T} {V} of {N} rows visible",
+                                (normal(H, T, D, scale=0.3), normal(N, D), mask, sinks)))
     Hi, Di = cfg.indexer_n_head, cfg.indexer_head_dim
     cases["matmul"].append((f"({2}, {Hi}, {Di}) @ ({Di}, 20)", (normal(2, Hi, Di), normal(Di, 20))))
     cos, sin = Rope(cfg).tables(np.array([5, 700]), True, NP)
@@ -198,7 +200,8 @@ def _probe_cases(w: Weights, seed: int = 0) -> dict[str, list[tuple[str, tuple]]
     cases["hc_pre"].append(("blk.0.hc_attn_fn.weight T=2", (normal(2, hc, E), "blk.0.hc_attn_fn.weight", scale, base)))
     comb = rng.uniform(0, 1, (2, hc, hc)).astype(np.float32)
     comb /= comb.sum(axis=1, keepdims=True)
-    cases["hc_post"].append(("T=2", (normal(2, E), normal(2, hc, E), rng.uniform(0, 2, (2, hc)).astype(np.float32), comb)))
+    cases["hc_post"].append(("T=2",
+                             (normal(2, E), normal(2, hc, E), rng.uniform(0, 2, (2, hc)).astype(np.float32), comb)))
     return cases
 
 
@@ -226,7 +229,8 @@ def self_check(candidate, reference, weights: Weights, ops: tuple[str, ...] | No
             try:
                 want = _as_np(getattr(reference, op)(*_in(reference.xp, op, args)))
             except Exception as e:  # the reference itself cannot run this case: nothing to compare with
-                report.results.append(CaseResult(op, label, True, f"not compared: the reference failed ({_first_line(e)})",
+                report.results.append(CaseResult(op, label, True,
+                                                 f"not compared: the reference failed ({_first_line(e)})",
                                                  None, time.perf_counter() - t))
                 continue
             try:

@@ -234,7 +234,8 @@ def moe_raw(x: np.ndarray, sel: np.ndarray, route_w: np.ndarray, gate: np.ndarra
                            gate.ctypes.data, up.ctypes.data, int(gu_type), gate.shape[-1],
                            down.ctypes.data, int(d_type), down.shape[-1], clamp, y.ctypes.data, int(int8))
     if rc:
-        raise ValueError({-1: "unsupported expert type", -2: "out of memory", -3: "expert id out of range"}.get(rc, str(rc)))
+        raise ValueError({-1: "unsupported expert type", -2: "out of memory", -3: "expert id out of range"}.get(rc,
+                                                                                                                str(rc)))
     return y
 
 
@@ -309,7 +310,8 @@ class CpuKernels:
         m = self._views.get(name)
         if m is None:
             t = self.w.file.tensors[name]
-            m = self._views[name] = (self.w.file.array(name).view(np.uint8).reshape(t.shape[0], -1), t.type, t.shape[-1])
+            m = self._views[name] = (self.w.file.array(name).view(np.uint8).reshape(t.shape[0], -1), t.type,
+                                     t.shape[-1])
         return m
 
     def linear(self, x: mx.array, name: str, rows: tuple[int, int] | None = None,

@@ -133,7 +133,8 @@ FN void deq32(int qt, const GLOBAL uint8_t *b, int j, float *w, const GLOBAL flo
         for (int l = 0; l < 32; l++) w[l] = dl * (float)((b[16 + 32 * (j / 2) + l] >> shift) & 0xF) - ml;
     } else if (qt == 16) {
         const GLOBAL uint8_t *a0 = b + 2 + 8 * j;
-        const uint32_t a1 = (uint32_t)a0[4] | ((uint32_t)a0[5] << 8) | ((uint32_t)a0[6] << 16) | ((uint32_t)a0[7] << 24);
+        const uint32_t a1 = (uint32_t)a0[4] | ((uint32_t)a0[5] << 8) | ((uint32_t)a0[6] << 16)
+                          | ((uint32_t)a0[7] << 24);
         const float db = rdh(b) * (0.5f + (float)(a1 >> 28)) * 0.25f;
         for (int l = 0; l < 4; l++) {
             const GLOBAL float *gr = grid + 8 * a0[l];
@@ -311,10 +312,14 @@ BODIES = {
             w[at + HC + j] = 2.0f * (1.0f / (1.0f + EXPF(-(mix[at + HC + j] * scale[1] + base[HC + j]))));
         }
         for (uint32_t i = 0; i < HC; i++) {  /* softmax of each source's row */
-            for (uint32_t j = 0; j < HC; j++) comb[i * HC + j] = mix[at + 2 * HC + i * HC + j] * scale[2] + base[2 * HC + i * HC + j];
+            for (uint32_t j = 0; j < HC; j++)
+                comb[i * HC + j] = mix[at + 2 * HC + i * HC + j] * scale[2] + base[2 * HC + i * HC + j];
             float top = comb[i * HC], sum = 0.0f;
             for (uint32_t j = 1; j < HC; j++) top = comb[i * HC + j] > top ? comb[i * HC + j] : top;
-            for (uint32_t j = 0; j < HC; j++) { comb[i * HC + j] = EXPF(comb[i * HC + j] - top); sum += comb[i * HC + j]; }
+            for (uint32_t j = 0; j < HC; j++) {
+                comb[i * HC + j] = EXPF(comb[i * HC + j] - top);
+                sum += comb[i * HC + j];
+            }
             for (uint32_t j = 0; j < HC; j++) comb[i * HC + j] = comb[i * HC + j] / sum + eps;
         }
         for (uint32_t it = 0; it < ITERS; it++) {

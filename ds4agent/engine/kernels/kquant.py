@@ -92,7 +92,8 @@ class KquantKernels(ReferenceKernels):
     def experts(self, layer: int, x: mx.array, sel: np.ndarray, weights: mx.array, clamp: float) -> mx.array:
         p = f"blk.{layer}.ffn_"
         f = self.w.file
-        gu_codec, d_codec = CODECS[f.tensors[p + "gate_exps.weight"].type], CODECS[f.tensors[p + "down_exps.weight"].type]
+        gu_codec = CODECS[f.tensors[p + "gate_exps.weight"].type]
+        d_codec = CODECS[f.tensors[p + "down_exps.weight"].type]
         if f.tensors[p + "up_exps.weight"].type != f.tensors[p + "gate_exps.weight"].type:
             raise ValueError(f"layer {layer}: gate and up experts of different types")
         n_expert = f.tensors[p + "gate_exps.weight"].shape[0]

@@ -33,9 +33,9 @@ def kernel_report(path: str | os.PathLike[str], backend: str = "auto", kernels: 
             report = self_check(k, ReferenceKernels(e.model.w), e.model.w)
             when = "now"
         refused = report.refused
-        lines.insert(0, f"kernels       {info.kernels} on {info.backend}: self-check {when} against the MLX reference on "
-                        f"the same device, {len(report.results)} cases in {report.seconds:.2f} s, "
-                        + (f"{len(refused)} operations refused (the reference runs them)" if refused else "nothing refused"))
+        refusals = f"{len(refused)} operations refused (the reference runs them)" if refused else "nothing refused"
+        lines.insert(0, f"kernels       {info.kernels} on {info.backend}: self-check {when} against the MLX reference "
+                        f"on the same device, {len(report.results)} cases in {report.seconds:.2f} s, {refusals}")
         if report.inherited:
             lines.append("              the reference's own (not checked): " + ", ".join(report.inherited))
         w = max([len(r.case) for r in report.results] + [4]) + 2

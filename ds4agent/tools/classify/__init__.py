@@ -46,5 +46,6 @@ from .model import (
 from .options import scan
 from .places import Places, in_git_dir, is_git_name, temp_dirs
 
-__all__ = ["analyze", "Analysis", "ProgramStep", "Places", "in_git_dir", "is_git_name", "temp_dirs", "scan", "LEVELS", "SAFE", "ORDINARY", "UNKNOWN", "DANGEROUS",
+__all__ = ["analyze", "Analysis", "ProgramStep", "Places", "in_git_dir", "is_git_name", "temp_dirs", "scan", "LEVELS",
+           "SAFE", "ORDINARY", "UNKNOWN", "DANGEROUS",
            "MAX_NESTING", "MAX_WRAPPERS", "MAX_COMMAND"]

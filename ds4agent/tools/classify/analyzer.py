@@ -11,26 +11,10 @@ from pathlib import Path
 
 from ..shellparse import UNKNOWN_DIR, Command, Script, Word, parse
 from .git import GitRules
-from .model import (
-    DANGEROUS,
-    MAX_COMMAND,
-    MAX_NESTING,
-    MAX_WRAPPERS,
-    ORDINARY,
-    SAFE,
-    UNKNOWN,
-    Analysis,
-    ProgramStep,
-)
+from .model import DANGEROUS, MAX_COMMAND, MAX_NESTING, MAX_WRAPPERS, ORDINARY, SAFE, UNKNOWN, Analysis, ProgramStep
 from .options import _pattern_matches, has_long, opt_values, scan
 from .places import NULL_DEVICES, Places, is_git_name
-from .programs import (
-    ProgramRules,
-    _crontab_lists,
-    _env_ok,
-    _literal_echo,
-    _system_family,
-)
+from .programs import ProgramRules, _crontab_lists, _env_ok, _literal_echo, _system_family
 from .readonly import ReadOnlyRules
 from .tables import (
     _INERT,
@@ -127,7 +111,8 @@ class Analyzer(ProgramRules, GitRules, ReadOnlyRules):
                     dirs=self.resolve_dirs(cmd.cwd, start))
         if cmd.kind == "declaration":
             name = step.program  # (a declaration's keyword: never computed)
-            exported = name == "export" or any(w.value and w.value.startswith("-") and "x" in w.value for w in step.argv[1:])
+            exported = name == "export" or any(w.value and w.value.startswith("-") and "x" in w.value
+                                               for w in step.argv[1:])
             self.assignment(step.assigns, exported=exported)
             step.inert = True
             if name in ("export", "declare", "typeset", "local", "readonly"):
@@ -183,7 +168,8 @@ class Analyzer(ProgramRules, GitRules, ReadOnlyRules):
             self.nested_shell(step, base, args, out, depth)
             return
 
-    def inner(self, step: ProgramStep, base: str, args: list[Word], out: list[ProgramStep], depth: int) -> list[Word] | None:
+    def inner(self, step: ProgramStep, base: str, args: list[Word], out: list[ProgramStep],
+              depth: int) -> list[Word] | None:
         """The command a wrapper runs, or None when it runs none (the wrapper is then the step)."""
         if base == "command":
             if args and args[0].value and args[0].value.startswith("-") and any(c in args[0].value for c in "vV"):
@@ -299,7 +285,8 @@ class Analyzer(ProgramRules, GitRules, ReadOnlyRules):
                     j += 1
                 inner = [Word(None, w.source) if w.value is not None and "{}" in w.value else w for w in args[i + 1:j]]
                 if inner:
-                    sub = ProgramStep(inner, step.source, [], [], step.cmd, via=(step.via + f" find {v}").strip(), dirs=set(step.dirs))
+                    sub = ProgramStep(inner, step.source, [], [], step.cmd, via=(step.via + f" find {v}").strip(),
+                                      dirs=set(step.dirs))
                     out.append(sub)
                     self.unwrap(sub, out, depth)
                 i = j + 1
@@ -307,7 +294,8 @@ class Analyzer(ProgramRules, GitRules, ReadOnlyRules):
             if base != "find" and v in ("-x", "--exec", "-X", "--exec-batch"):
                 inner = [Word(None, w.source) if w.value is not None and "{" in w.value else w for w in args[i + 1:]]
                 if inner:
-                    sub = ProgramStep(inner + [Word(None, "{}")], step.source, [], [], step.cmd, via=f"{base} {v}", dirs=set(step.dirs))
+                    sub = ProgramStep(inner + [Word(None, "{}")], step.source, [], [], step.cmd, via=f"{base} {v}",
+                                      dirs=set(step.dirs))
                     out.append(sub)
                     self.unwrap(sub, out, depth)
                 return
@@ -345,7 +333,8 @@ class Analyzer(ProgramRules, GitRules, ReadOnlyRules):
             return
         if base in ("source", "."):
             target = args[0] if args else None
-            self.tainted = self.tainted or f"{base} runs a script in this shell, so the programs after it cannot be known"
+            self.tainted = (self.tainted
+                            or f"{base} runs a script in this shell, so the programs after it cannot be known")
             if target is None:
                 return
             self.script_source(step, base, target, out, depth)
@@ -381,7 +370,8 @@ class Analyzer(ProgramRules, GitRules, ReadOnlyRules):
         # PowerShell's parameters are case-insensitive prefixes (-Command, -c, -EncodedCommand, -ec,
         # -e; /Command on Windows): any -c... or -e... word may be inline code.
         powershell = family in ("pwsh", "powershell") and any(
-            w.value is None or (w.value[:1] in ("-", "/") and w.value.lstrip("-/")[:1].lower() in ("c", "e")) for w in args)
+            w.value is None or (w.value[:1] in ("-", "/") and w.value.lstrip("-/")[:1].lower() in ("c",
+                                                                                                   "e")) for w in args)
         if (inline or powershell or any(n in INLINE_LONG.get(family, set()) for n in o.longs)
                 or (family == "deno" and o.operands and o.operands[0].value == "eval")):
             step.raise_to(UNKNOWN, f"runs inline {family} code, which is not checked")
@@ -559,7 +549,8 @@ class Analyzer(ProgramRules, GitRules, ReadOnlyRules):
             return {Path(os.path.normpath(c / s.cwd.value)) if c is not None else None for c in dirs}
         return dirs
 
-    def places_of(self, value: str, s: ProgramStep | None, start: set | None = None) -> list[tuple[str | None, Path | None]]:
+    def places_of(self, value: str, s: ProgramStep | None,
+                  start: set | None = None) -> list[tuple[str | None, Path | None]]:
         p = self.places
         if value in NULL_DEVICES:  # (/dev/fd/N too, by Places.where)
             return [("null", Path(value))]
@@ -620,7 +611,9 @@ class Analyzer(ProgramRules, GitRules, ReadOnlyRules):
         prog = vals[0]  # (judge only asks about a step whose program is known)
         # A runner first: bun and deno are interpreters too, and `bun run` alone would cover
         # every script. `uv tool run X` names X one word later than `uv tool install`.
-        runner = next((r for r in _RUNNERS if r[0] in (prog, base) and (r[1] == "" or (len(vals) > 1 and vals[1] == r[1]))), None)
+        runner = next((r for r in _RUNNERS if r[0] in (prog,
+                                                       base) and (r[1] == "" or (len(vals) > 1 and vals[1] == r[1]))),
+                                                       None)
         if runner:
             n = 2 if runner[1] == "" else 4 if runner == ("uv", "tool") and vals[2:3] == ["run"] else 3
             if len(vals) >= n and all(v and not v.startswith("-") for v in vals[1:n]):

@@ -13,10 +13,12 @@ from .options import Opts, has_long, scan
 # git: read-only subcommands, the options that make them write or run programs, and the
 # subcommands that change .git (allowed to write it inside the sandbox when git runs alone).
 GIT_SAFE: dict[str, tuple[str, ...]] = {
-    "status": (), "diff": ("--output", "--ext-diff"), "log": ("--output", "--ext-diff"), "show": ("--output", "--ext-diff"),
+    "status": (), "diff": ("--output", "--ext-diff"), "log": ("--output", "--ext-diff"),
+    "show": ("--output", "--ext-diff"),
     "blame": ("--contents",), "annotate": (), "rev-parse": (), "ls-files": (), "ls-tree": (), "cat-file": (),
     "describe": (), "shortlog": (), "grep": ("--open-files-in-pager", "--ext-grep"), "rev-list": (), "merge-base": (),
-    "name-rev": (), "show-ref": (), "for-each-ref": (), "count-objects": (), "version": (), "whatchanged": ("--output",),
+    "name-rev": (), "show-ref": (), "for-each-ref": (), "count-objects": (), "version": (),
+    "whatchanged": ("--output",),
     "check-ignore": (), "check-attr": (), "diff-tree": ("--output", "--ext-diff"), "diff-files": ("--output",),
     "diff-index": ("--output",), "range-diff": ("--output",), "cherry": (), "var": (), "help": ("--web",),
     # listing forms only; see _git_listing (reflog's expire/delete/drop: DANGEROUS by git(), never asked)
@@ -58,8 +60,8 @@ _GIT_SHORT_VALUES = {"commit": "mFCcSt", "checkout": "bB", "switch": "cC", "push
                      "fetch": "jo", "remote": "tm"}
 
 
-_GIT_GLOBAL_ARG = {"-C", "-c", "--git-dir", "--work-tree", "--namespace", "--config-env", "--exec-path", "--super-prefix",
-                   "--list-cmds", "--attr-source"}
+_GIT_GLOBAL_ARG = {"-C", "-c", "--git-dir", "--work-tree", "--namespace", "--config-env", "--exec-path",
+                   "--super-prefix", "--list-cmds", "--attr-source"}
 
 
 def _git_listing(sub: str, o: Opts, rest: list[Word]) -> str | None:
@@ -67,16 +69,16 @@ def _git_listing(sub: str, o: Opts, rest: list[Word]) -> str | None:
     ops = [w.value for w in o.operands]
     if sub == "branch":
         if any(c in o.shorts for c in "dDmMcCfu") or any(has_long(o, x) for x in (
-                "--delete", "--move", "--copy", "--force", "--set-upstream-to", "--unset-upstream", "--edit-description",
-                "--track", "--no-track", "--create-reflog", "--recurse-submodules")):
+                "--delete", "--move", "--copy", "--force", "--set-upstream-to", "--unset-upstream",
+                "--edit-description", "--track", "--no-track", "--create-reflog", "--recurse-submodules")):
             return "git branch that changes branches"
         if ops and not ("l" in o.shorts or has_long(o, "--list") or any(has_long(o, x) for x in (
                 "--contains", "--no-contains", "--merged", "--no-merged", "--points-at"))):
             return "git branch NAME creates a branch"
         return None
     if sub == "tag":
-        if any(c in o.shorts for c in "dfasume") or any(has_long(o, x) for x in ("--delete", "--force", "--annotate", "--sign",
-                                                                                  "--message", "--file", "--edit")):
+        if any(c in o.shorts for c in "dfasume") or any(has_long(o, x) for x in (
+                "--delete", "--force", "--annotate", "--sign", "--message", "--file", "--edit")):
             return "git tag that changes tags"
         if ops and not ("l" in o.shorts or has_long(o, "--list") or any(has_long(o, x) for x in (
                 "--contains", "--no-contains", "--merged", "--no-merged", "--points-at"))):
@@ -103,7 +105,8 @@ def _git_listing(sub: str, o: Opts, rest: list[Word]) -> str | None:
     if sub == "submodule":
         return None if not ops or ops[0] in ("status", "summary") else "git submodule that changes submodules"
     if sub == "symbolic-ref":
-        return None if len(ops) <= 1 and not ("d" in o.shorts or has_long(o, "--delete")) else "git symbolic-ref that sets a ref"
+        sets = len(ops) > 1 or "d" in o.shorts or has_long(o, "--delete")
+        return "git symbolic-ref that sets a ref" if sets else None
     return None
 
 
@@ -123,7 +126,12 @@ class GitRules:
                 break
             name = v.split("=", 1)[0]
             if name == "--config-env" or v.startswith("-c"):  # -c NAME=VALUE, or attached: -cNAME=VALUE
-                value = v[2:] if v.startswith("-c") and len(v) > 2 else (v.split("=", 1)[1] if "=" in v else (vals[i + 1] if i + 1 < len(args) else ""))
+                if v.startswith("-c") and len(v) > 2:
+                    value = v[2:]
+                elif "=" in v:
+                    value = v.split("=", 1)[1]
+                else:
+                    value = vals[i + 1] if i + 1 < len(args) else ""
                 if value is None:
                     s.raise_to(UNKNOWN, "git -c with a computed setting")
                 elif name == "--config-env" or not _git_config_benign(value):
@@ -160,16 +168,16 @@ class GitRules:
         # a --pretty with no `=` is followed by a revision.
         o = scan(rest, short_values, {"--message", "--file", "--author", "--date", "--template", "--format",
                                       "--output", "--upload-pack", "--receive-pack", "--exec", "--strategy",
-                                      "--strategy-option", "--onto", "--source", "--pathspec-from-file", "--push-option",
-                                      "--orphan", "--reuse-message", "--reedit-message", "--fixup", "--squash",
-                                      "--cleanup", "--trailer", "--repo", "--conflict"})
+                                      "--strategy-option", "--onto", "--source", "--pathspec-from-file",
+                                      "--push-option", "--orphan", "--reuse-message", "--reedit-message", "--fixup",
+                                      "--squash", "--cleanup", "--trailer", "--repo", "--conflict"})
         danger = None
         if o.computed and sub in ("push", "reset", "clean", "checkout", "restore", "switch", "branch", "stash", "rm",
                                   "gc", "reflog", "update-ref", "worktree", "submodule", "filter-branch", "prune"):
             s.raise_to(UNKNOWN, f"git {sub} with computed arguments ({o.computed[0].source[:40]})")
         if sub == "push":
-            if "f" in o.shorts or "d" in o.shorts or any(has_long(o, x) for x in ("--force", "--force-with-lease", "--mirror",
-                                                                                   "--delete", "--prune", "--force-if-includes")):
+            if "f" in o.shorts or "d" in o.shorts or any(has_long(o, x) for x in (
+                    "--force", "--force-with-lease", "--mirror", "--delete", "--prune", "--force-if-includes")):
                 danger = "force-push or remote delete"
             elif any(w.value and (w.value.startswith("+") or w.value.startswith(":")) for w in o.operands):
                 danger = "force-push or remote delete (+refspec or :ref)"
@@ -181,17 +189,20 @@ class GitRules:
                 danger = "deletes untracked files (git clean -f)"
         elif sub == "checkout":
             if "f" in o.shorts or has_long(o, "--force") or has_long(o, "--discard-changes") or o.ended \
-                    or any(w.value in (".", "*", ":/") for w in o.operands) or has_long(o, "--ours") or has_long(o, "--theirs") \
+                    or any(w.value in (".", "*", ":/") for w in o.operands) \
+                    or has_long(o, "--ours") or has_long(o, "--theirs") \
                     or "p" in o.shorts or has_long(o, "--patch") or has_long(o, "--pathspec-from-file"):
                 danger = "discards uncommitted changes (git checkout of paths)"
             elif len(o.operands) >= 2:
                 danger = "discards uncommitted changes (git checkout of paths)"
         elif sub == "restore":
-            staged_only = ("S" in o.shorts or has_long(o, "--staged")) and not ("W" in o.shorts or has_long(o, "--worktree"))
+            staged_only = (("S" in o.shorts or has_long(o, "--staged"))
+                           and not ("W" in o.shorts or has_long(o, "--worktree")))
             if not staged_only:
                 danger = "discards uncommitted changes (git restore)"
         elif sub == "switch":
-            if "f" in o.shorts or "C" in o.shorts or has_long(o, "--force") or has_long(o, "--discard-changes") or has_long(o, "--force-create"):
+            if "f" in o.shorts or "C" in o.shorts or any(has_long(o, x) for x in (
+                    "--force", "--discard-changes", "--force-create")):
                 danger = "discards changes or resets a branch (git switch --force / -C)"
         elif sub == "branch":
             if any(c in o.shorts for c in "DMCf") or has_long(o, "--force"):  # -d --force too
@@ -202,7 +213,8 @@ class GitRules:
         elif sub in ("filter-branch", "filter-repo"):
             danger = "rewrites the whole history"
         elif sub == "reflog":
-            if o.operands and o.operands[0].value in ("expire", "delete", "drop"):  # drop: git 2.50's whole-reflog delete
+            # drop: git 2.50's whole-reflog delete
+            if o.operands and o.operands[0].value in ("expire", "delete", "drop"):
                 danger = "deletes reflog entries (loses the way back)"
         elif sub == "gc":
             if any(n.startswith("--prune") for n in o.longs) or has_long(o, "--aggressive"):
@@ -220,7 +232,8 @@ class GitRules:
             if o.operands and o.operands[0].value == "remove" and ("f" in o.shorts or has_long(o, "--force")):
                 danger = "removes a worktree with its changes"
         elif sub == "submodule":
-            if o.operands and o.operands[0].value == "deinit" and ("f" in o.shorts or has_long(o, "--force") or has_long(o, "--all")):
+            deinit = o.operands and o.operands[0].value == "deinit"
+            if deinit and ("f" in o.shorts or has_long(o, "--force") or has_long(o, "--all")):
                 danger = "removes submodule work trees"
             if o.operands and o.operands[0].value == "foreach":
                 s.raise_to(UNKNOWN, "git submodule foreach runs a command in every submodule")
@@ -237,7 +250,8 @@ class GitRules:
             s.not_coverable(f"git {sub} runs other programs")
         elif sub == "config":
             reading = any(has_long(o, x) for x in ("--get", "--get-all", "--get-regexp", "--list", "--get-urlmatch",
-                                                   "--get-color", "--get-colorbool", "--show-origin")) or "l" in o.shorts \
+                                                   "--get-color", "--get-colorbool", "--show-origin")) \
+                or "l" in o.shorts \
                 or (o.operands and o.operands[0].value in ("get", "list"))
             if not reading:
                 key = next((w.value for w in o.operands if w.value not in ("set", "unset", "add")), None)

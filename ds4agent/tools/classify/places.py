@@ -45,7 +45,8 @@ class Places:
     def where(self, p: Path) -> str:
         """inside | git | tmp | null | device | outside (``p`` absolute, normalised)."""
         s = str(p)
-        if s in NULL_DEVICES or s.startswith(("/dev/fd/", "/proc/self/fd/", "/dev/pts/")) or re.fullmatch(r"/dev/ttys\d+", s):
+        if (s in NULL_DEVICES or s.startswith(("/dev/fd/", "/proc/self/fd/", "/dev/pts/"))
+                or re.fullmatch(r"/dev/ttys\d+", s)):
             return "null"
         real = Path(os.path.realpath(p))
         for q in (p, real):
@@ -59,7 +60,8 @@ class Places:
                 return "git"
         if _under(p, self.root) and _under(real, self.root):
             return "inside"
-        if any(_under(p, t) and _under(real, t) for t in self.tmp) or (_under(p, self.root) and any(_under(real, t) for t in self.tmp)):
+        if (any(_under(p, t) and _under(real, t) for t in self.tmp)
+                or (_under(p, self.root) and any(_under(real, t) for t in self.tmp))):
             return "tmp"
         if s.startswith("/dev/"):
             return "device"

@@ -108,7 +108,8 @@ class ProgramRules:
             self.writes(s, o.operands, "writes")
         elif base in ("cp", "install", "ln", "rsync", "scp"):
             o = scan(args, "tSm" if base != "rsync" else "efT", {"--target-directory", "--suffix", "--mode", "--rsh",
-                                                                     "--filter", "--exclude", "--include", "--temp-dir"})
+                                                                     "--filter", "--exclude", "--include",
+                                                                     "--temp-dir"})
             targets = opt_values(o, "-t", "--target-directory")
             ops = [w for w in o.operands if not (w.value and ":" in w.value.split("/")[0] and base in ("rsync", "scp"))]
             if base == "install" and "d" in o.shorts:
@@ -180,8 +181,10 @@ class ProgramRules:
             if any(v and ("=" in v or v in ("-w", "--write", "-p", "--load")) for v in vals):
                 s.raise_to(DANGEROUS, "changes kernel settings")
         elif base in ("curl",):
-            o = scan(args, "odDcKTuXHeEbrwxAFyYz", {"--output", "--dump-header", "--cookie-jar", "--trace", "--trace-ascii",
-                                                     "--output-dir", "--config", "--upload-file", "--stderr", "--libcurl",
+            o = scan(args, "odDcKTuXHeEbrwxAFyYz",
+                     {"--output", "--dump-header", "--cookie-jar", "--trace", "--trace-ascii",
+                                                     "--output-dir", "--config", "--upload-file", "--stderr",
+                                                     "--libcurl",
                                                      "--etag-save", "--hsts", "--alt-svc"})
             self.writes(s, opt_values(o, "-o", "--output", "-D", "--dump-header", "-c", "--cookie-jar", "--trace",
                                       "--trace-ascii", "--output-dir", "--stderr", "--libcurl", "--etag-save",
@@ -300,20 +303,23 @@ class ProgramRules:
     def shell_setting(self, s: ProgramStep, base: str, args: list[Word]) -> None:
         vals = [w.value for w in args]
         if base == "set":
-            ok = all(v is not None and re.fullmatch(r"[-+][euxvnfCBHhTbmPk]+|[-+]o|pipefail|errexit|nounset|xtrace|verbose|"
-                                                    r"noglob|noclobber|errtrace|functrace|--", v) for v in vals)
+            ok = all(v is not None and re.fullmatch(r"[-+][euxvnfCBHhTbmPk]+|[-+]o|pipefail|errexit|nounset|"
+                                                    r"xtrace|verbose|noglob|noclobber|errtrace|functrace|--", v)
+                     for v in vals)
             # The letters leave out a (allexport: every variable set after it is exported to the
             # programs it runs), so an `ok` line never turns it on.
             if ok:
                 s.inert = True
             else:
                 s.not_coverable("set changes how the shell runs what follows")
-                if any(v == "allexport" or (v and v.startswith("-") and "a" in v) for v in vals):  # -a, -xa, -o allexport
+                # -a, -xa, -o allexport
+                if any(v == "allexport" or (v and v.startswith("-") and "a" in v) for v in vals):
                     self.tainted = self.tainted or "set -a exports every variable set after it"
             return
         if base == "shopt":
             names = [v for v in vals if v and not v.startswith("-")]
-            if all(n in ("nullglob", "globstar", "dotglob", "failglob", "nocaseglob", "extglob", "nocasematch", "lastpipe",
+            if all(n in ("nullglob", "globstar", "dotglob", "failglob", "nocaseglob", "extglob", "nocasematch",
+                         "lastpipe",
                          "inherit_errexit", "pipefail") for n in names):
                 s.inert = True
             else:
@@ -332,7 +338,8 @@ class ProgramRules:
     def option_risk(self, s: ProgramStep, o: Opts, base: str) -> None:
         """Computed words and file patterns can become options (a file named -rf)."""
         if o.computed:
-            s.raise_to(UNKNOWN, f"{base} with arguments the shell computes ({o.computed[0].source[:40]}), which may be options")
+            s.raise_to(UNKNOWN,
+                       f"{base} with arguments the shell computes ({o.computed[0].source[:40]}), which may be options")
         for w in o.operands:
             if w.glob and w.value is not None and w.value[:1] in "*?[" and not o.ended:
                 s.raise_to(UNKNOWN, f"{base} {w.value}: the pattern may match file names that read as options")
@@ -343,7 +350,8 @@ class ProgramRules:
         # next one (-v, -F, --assign, --field-separator, --source): a program from a file
         # (-f/-i/-l/-E, --file/--include/--load/--exec) is refused whatever follows.
         o = scan(args, "fvFilE", {"--assign", "--field-separator", "--source"}, permute=False)
-        if opt_values(o, "-f", "-i", "-l", "-E") or any(has_long(o, x) for x in ("--file", "--include", "--load", "--exec")):
+        if opt_values(o, "-f", "-i", "-l",
+                      "-E") or any(has_long(o, x) for x in ("--file", "--include", "--load", "--exec")):
             s.raise_to(UNKNOWN, f"{base} runs a program from a file, which is not checked")
             s.coverable = False
             return
