@@ -1,5 +1,5 @@
-"""classify.py: the wrappers' own options (_Analyzer.inner),
-the code that nested shells, eval, trap and interpreters run (_Analyzer.nested_shell), the
+"""classify: the wrappers' own options (wrappers.py, WrapperRules.inner),
+the code that nested shells, eval, trap and interpreters run (WrapperRules.nested_shell), the
 helpers the sixth round left (the sed subset, grep's pattern words, git's global options,
 crontab, variables), the command's redirections, and writers' options a sample found.
 

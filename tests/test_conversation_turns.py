@@ -209,7 +209,9 @@ def test_a_finished_chat_turn(engine) -> None:
     assert (st.gen_tokens, st.gen_tps, st.turns, st.total_generated) == (2, 4.0, 1, 2)  # 2 tokens in 0.5 s
     # A second turn: counters add up, the per-turn ones start again.
     _script(conv, "a b c" + EOS_TEXT, [0.5, 0.5, 0.5, 0.5])
-    list(conv.turn("more"))
+    # the per-turn counters follow the reply as it streams (a status line reads them mid-turn)
+    live = [conv.stats.gen_tokens for e in conv.turn("more") if e.kind == "content"]
+    assert live == [1, 2, 3]
     st = conv.stats
     assert (st.gen_tokens, st.gen_tps, st.turns, st.total_generated) == (4, 2.0, 2, 6)
     # A turn with a limit of 0 tokens: no step at all, finish "length", per-turn counters zero.
@@ -295,6 +297,18 @@ def test_a_malformed_tool_block_is_reported_and_kept_as_text(engine) -> None:
     assert conv.messages[-1] == {"role": "assistant", "content": bad}  # EOS stripped, then closed again
     assert conv.transcript.tokens[-1] == conv.tok.eos_id
     assert conv.tok.decode(conv.transcript.tokens[conv.stats.prompt_tokens:]) == bad + EOS_TEXT
+
+
+def test_a_turn_the_model_ends_inside_a_tool_block_ends_at_its_end_of_sentence(engine) -> None:
+    conv = _conv(engine, "chat")
+    open_block = '\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="write">\n<｜DSML｜parameter name="path" string="true">a.t'
+    _script(conv, open_block + EOS_TEXT)
+    events = list(conv.turn("write it"))
+    # the reply says "error" (the block never closed); the turn ends at the end of sentence
+    # and keeps the unfinished block as text
+    assert [e.kind for e in events if e.kind != "prefill"] == ["call_start", "done"] and events[-1].finish == "eos"
+    assert conv.messages[-1] == {"role": "assistant", "content": open_block}
+    assert conv.tok.decode(conv.transcript.tokens[conv.stats.prompt_tokens:]) == open_block + EOS_TEXT
 
 
 def test_a_turn_left_suspended_is_settled_by_interrupted(engine) -> None:

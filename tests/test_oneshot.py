@@ -46,6 +46,7 @@ def test_greedy_one_shot_is_deterministic(demo_path: Path) -> None:
     assert "\x1b[" not in a.stdout  # plain text in a pipe
     last = a.stderr.strip().splitlines()[-1]
     assert last.startswith("ds4: prefill: ") and ", generation: " in last and last.endswith(" t/s")
+    assert float(last.split(", generation: ")[1].split()[0]) > 0  # 12 tokens took some time
     seeded = [ds4("-p", "Hi", "--seed", "7", "-n", "8", "--ctx", "512", model=demo_path).stdout for _ in range(2)]
     assert seeded[0] == seeded[1]
 

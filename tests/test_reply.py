@@ -33,10 +33,11 @@ def _text(events: list[ReplyEvent], kind: str) -> str:
 def test_reasoning_content_and_the_end_of_sentence(demo_tokenizer) -> None:
     reply, events = _reply(demo_tokenizer, "let me see</think>The answer." + EOS)
     assert _text(events, "reasoning") == "let me see" and _text(events, "content") == "The answer."
-    assert astuple(events[-1]) == ("done", "", -1, "", "", "eos") and reply.finish == "eos"
+    assert astuple(events[-1]) == ("done", "", -1, "", "", "eos", len(reply.sampled), reply.seconds)
+    assert reply.finish == "eos" and events[-1].tokens == 8  # its usage
     assert demo_tokenizer.decode(reply.sampled) == "let me see</think>The answer." + EOS
     # text events belong to no call: index -1, no name, no arguments, no finish
-    assert astuple(next(e for e in events if e.kind == "content")) == ("content", "The", -1, "", "", "")
+    assert astuple(next(e for e in events if e.kind == "content")) == ("content", "The", -1, "", "", "", 0, 0.0)
     # the end of sentence is no text, and the final parse needs it handed over (parse_eos)
     assert reply.result()["error"]["kind"] == "missing_eos"
     reply, _ = _reply(demo_tokenizer, "let me see</think>The answer." + EOS, parse_eos=True)

@@ -18,7 +18,8 @@ Events (``ReplyEvent.kind``):
   tool_block                    the tool-call block's exact sampled text, for a byte-exact replay
   malformed                     a tool block broke the grammar (text: the parser's message); with
                                 malformed="text" the block's text follows as content
-  done                          the last event; ``finish`` says why (FINISHES)
+  done                          the last event; ``finish`` says why (FINISHES), ``tokens`` and
+                                ``seconds`` are the reply's usage (tokens sampled, time spent)
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ class ReplyEvent:
     name: str = ""
     arguments: str = ""
     finish: str = ""
+    tokens: int = 0  # done: how many tokens the reply sampled
+    seconds: float = 0.0  # done: the time spent producing them
 
 
 class StopStrings:
@@ -160,7 +163,7 @@ class Reply:
         self.finish = finish
         if finish not in ("tool_calls", "stop_sequence"):
             yield from self._flush()
-        yield ReplyEvent("done", finish=finish)
+        yield ReplyEvent("done", finish=finish, tokens=len(self.sampled), seconds=self.seconds)
 
     def _feed(self, token: int, is_eos: bool) -> Iterator[ReplyEvent]:
         """The events of one sampled token; a "done" event here ends the reply (its finish)."""

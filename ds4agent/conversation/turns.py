@@ -161,8 +161,6 @@ class Conversation:
         # keeps its final parse. A stop keeps the sampled token (not evaluated, as after any turn).
         turn.reply = reply = Reply(self.session, self.tok, self.sampling, render_mode, self.max_tokens,
                                    cancel=self.stop, parse_eos=True)
-        finish = "length"
-        self.stats.gen_tokens, self.stats.gen_tps = 0, 0.0
         try:
             for ev in reply:
                 self._count(reply)  # as they come, so that an interrupted turn reports what it produced
@@ -174,7 +172,7 @@ class Conversation:
                     yield Event("call", f"{ev.name} {ev.arguments}")
                 elif ev.kind == "malformed":
                     yield Event("dsml_error", ev.text)
-                elif ev.kind == "done":
+                elif ev.kind == "done":  # always the reply's last event
                     # a turn says "interrupted" for a stop, and ended at its end of sentence
                     # even inside an unclosed tool block (the parse reports that block)
                     finish = {"cancelled": "interrupted", "error": "eos"}.get(ev.finish, ev.finish)

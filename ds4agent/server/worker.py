@@ -308,9 +308,12 @@ class Worker:
         calls: dict[int, _Args] = {}
         ids_of: dict[int, str] = {}
         reasoning: list[str] = []
+        n_gen = 0
         for ev in reply:
             k = ev.kind
-            if k == "reasoning":
+            if k == "done":
+                n_gen = ev.tokens
+            elif k == "reasoning":
                 reasoning.append(ev.text)
                 job.emit(JobEvent("reasoning", ev.text))
             elif k == "content":
@@ -342,8 +345,8 @@ class Worker:
         if finish in ("stop", "stop_sequence", "tool_calls", "length", "cancelled") and s.n_tokens:
             self._remember(s.tokens)
         gen_s = time.perf_counter() - tg
-        usage.update(completion_tokens=len(reply.sampled), stop_sequence=reply.stop_matched)
-        self._finish(job, usage, finish, t0, tp, tp + prefill_s, len(reply.sampled), gen_s, prefilled)
+        usage.update(completion_tokens=n_gen, stop_sequence=reply.stop_matched)
+        self._finish(job, usage, finish, t0, tp, tp + prefill_s, n_gen, gen_s, prefilled)
 
     def _finish(self, job: Job, usage: dict, finish: str, t0: float, tp: float, tp_end: float, n_gen: int,
                 gen_s: float, prefilled: int) -> None:

@@ -91,8 +91,11 @@ def run(engine: "Engine", job: OneShot, out: IO[str], err: IO[str]) -> int:
         ended_with_newline = True
         out.flush()
 
+    gen_tps = 0.0
     for ev in reply:
-        if ev.kind == "reasoning":
+        if ev.kind == "done":
+            gen_tps = ev.tokens / ev.seconds if ev.seconds > 0 else 0.0
+        elif ev.kind == "reasoning":
             write(ev.text)
         elif ev.kind in ("content", "tool_block"):
             if thinking:
@@ -105,7 +108,6 @@ def run(engine: "Engine", job: OneShot, out: IO[str], err: IO[str]) -> int:
     if not ended_with_newline:
         out.write("\n")
     out.flush()
-    gen_tps = len(reply.sampled) / reply.seconds if reply.seconds > 0 else 0.0
     notes.line(f"ds4: prefill: {prefill.tps:.2f} t/s, generation: {gen_tps:.2f} t/s", CYAN)
     return 0
 

@@ -2,6 +2,15 @@
  * into blocks for several tokens, their dots against 1-4 tokens; what the integer path offers per
  * weight type (and its stand-ins without AVX2). */
 
+/* The row decoder and its dots have one signature with or without AVX2 (without it the block
+ * is a stand-in and int8_decoder offers nothing). */
+typedef struct wblock wblock;
+typedef void (*idec_fn)(const uint8_t *, wblock *, int64_t);
+typedef float (*wdot_fn)(const wblock *, const qblock *, int64_t);
+typedef void (*wdot2_fn)(const wblock *, const qblock *, const qblock *, int64_t, float *);
+typedef void (*wdot4_fn)(const wblock *, const qblock *, int64_t, float *);
+typedef void (*wdot2x4_fn)(const wblock *, const wblock *, const qblock *, int64_t, float *);
+
 #if defined(__AVX2__) && defined(__FMA__)  /* (cpu_int8.c's block, continued) */
 
 /* For several tokens, each weight row is first decoded once into 32-weight blocks of small
@@ -9,12 +18,12 @@
  * then every token takes a short integer dot with it: table lookups and bit unpacking are
  * paid once per row, not once per token. Signed formats keep magnitudes and signs apart so
  * the per-token work is one sign, one unsigned-by-signed dot and two FMAs per block. */
-typedef struct {
+struct wblock {
     uint8_t q[32];   /* magnitudes (IQ2_XXS, Q8_0) or the unsigned quants (K-quants) */
     int8_t sg[32];   /* +1/-1 signs (signed formats only) */
     float sc[8];     /* scale of elements 0..15 in lanes 0..3, of 16..31 in lanes 4..7 */
     float mn[8];     /* minimum, same layout (K-quants only) */
-} wblock;
+};
 
 /* lo in lanes 0..3, hi in 4..7, as one vector store (eight scalar stores were a fifth of
  * decoding a row). */
@@ -222,11 +231,6 @@ static void wdot2x4_kquant(const wblock *w, const wblock *v, const qblock *x, in
     for (int i = 0; i < 8; i++) out[i] = hsum8(a[i]) - hsum8(m[i]) * 0.25f;
 }
 
-typedef void (*idec_fn)(const uint8_t *, wblock *, int64_t);
-typedef float (*wdot_fn)(const wblock *, const qblock *, int64_t);
-typedef void (*wdot2_fn)(const wblock *, const qblock *, const qblock *, int64_t, float *);
-typedef void (*wdot4_fn)(const wblock *, const qblock *, int64_t, float *);
-typedef void (*wdot2x4_fn)(const wblock *, const wblock *, const qblock *, int64_t, float *);
 
 static idec_fn int8_decoder(int type, wdot_fn *dot, wdot2_fn *dot2, wdot4_fn *dot4, wdot2x4_fn *dot2x4) {
     const int k = type == T_Q2_K || type == T_Q4_K;
@@ -270,12 +274,7 @@ static int8_t *kprep(int type, const kblock *x, int64_t T, int64_t nsb) {
 }
 static inline int64_t kprep_bytes(int64_t nsb) { return nsb; }
 #define KT_MAX 1
-typedef struct { int dummy; } wblock;
-typedef void (*idec_fn)(const uint8_t *, wblock *, int64_t);
-typedef float (*wdot_fn)(const wblock *, const qblock *, int64_t);
-typedef void (*wdot2_fn)(const wblock *, const qblock *, const qblock *, int64_t, float *);
-typedef void (*wdot4_fn)(const wblock *, const qblock *, int64_t, float *);
-typedef void (*wdot2x4_fn)(const wblock *, const wblock *, const qblock *, int64_t, float *);
+struct wblock { int dummy; };
 static idec_fn int8_decoder(int type, wdot_fn *dot, wdot2_fn *dot2, wdot4_fn *dot4, wdot2x4_fn *dot2x4) {
     (void)type; (void)dot; (void)dot2; (void)dot4; (void)dot2x4; return 0;
 }

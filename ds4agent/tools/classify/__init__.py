@@ -23,9 +23,9 @@
 Nothing here matches the command text with patterns: decisions are made on resolved program
 names and their parsed options (short, combined, long and GNU-abbreviated, in any order).
 
-The package: model.py (levels, ProgramStep, Analysis), analyzer.py (the walk, analyze), programs.py
-(per-program rules), git.py, readonly.py (the read-only list), texttools.py, options.py,
-tables.py, places.py.
+The package: model.py (levels, ProgramStep, Analysis), analyzer.py (the walk, analyze),
+wrappers.py (through wrappers, into nested shells), programs.py (per-program rules), git.py,
+readonly.py (the read-only list), texttools.py, options.py, tables.py, places.py.
 """
 
 from __future__ import annotations
