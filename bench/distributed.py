@@ -111,11 +111,9 @@ def measured(path: str, ranks: list[int], prompt: int, gen: int, kernels: str | 
         for n in ranks:
             with tempfile.TemporaryDirectory() as d:
                 out = os.path.join(d, "r.json")
-                m, err = _run_ranks(n, d,
-                                    [str(HERE), path, "--worker", split, "--prompt", str(prompt), "--gen", str(gen),
-                                           "--chunk", str(chunk), "--out",
-                                           out] + (["--kernels", kernels] if kernels else []),
-                                    threads=max(1, cores // n))
+                argv = [str(HERE), path, "--worker", split, "--prompt", str(prompt), "--gen", str(gen),
+                        "--chunk", str(chunk), "--out", out] + (["--kernels", kernels] if kernels else [])
+                m, err = _run_ranks(n, d, argv, threads=max(1, cores // n))
                 if m is None:
                     print(f"{split} x{n}: failed\n{err[-2000:]}")
                     continue

@@ -130,9 +130,8 @@ def launches(f: GGUFFile, cfg: ModelConfig, T: int, ctx: int, route: Route) -> l
             out += [("attention", gpu.plan_scores(cfg.n_head, V, cfg.head_dim)),
                     ("attention", gpu.plan_mix(cfg.n_head, V, cfg.head_dim))]
         name = p + "attn_output_a.weight"
-        out.extend(("attention products", la) for la in gpu.plan_matmul(t[name].type, t[name].shape[0],
-                                                                        t[name].shape[1],
-                                                                         T, groups=cfg.n_out_group))
+        plans = gpu.plan_matmul(t[name].type, t[name].shape[0], t[name].shape[1], T, groups=cfg.n_out_group)
+        out.extend(("attention products", la) for la in plans)
         products("attention products", [p + "attn_output_b.weight"])
         hc("hyper-connections", p + "hc_ffn_fn.weight")
         products("shared expert and router",

@@ -104,8 +104,9 @@ class _Finder(ast.NodeVisitor):
             self.visit_body_stmt(stmt, first=(i == 0))
 
     def visit_body_stmt(self, stmt: ast.stmt, first: bool = False) -> None:
-        if first and isinstance(stmt, ast.Expr) and isinstance(stmt.value,
-                                                               ast.Constant) and isinstance(stmt.value.value, str):
+        docstring = isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) \
+            and isinstance(stmt.value.value, str)
+        if first and docstring:
             return  # docstring
         if isinstance(stmt, ast.If) and _is_type_checking(stmt.test):
             return
@@ -184,9 +185,8 @@ class _Finder(ast.NodeVisitor):
         self.visit(node.test)  # the message is not mutated
 
     def _cond(self, test: ast.expr) -> None:
-        if not isinstance(test,
-                          (ast.Compare, ast.BoolOp)) and not (isinstance(test, ast.UnaryOp) and isinstance(test.op,
-                                                                                                           ast.Not)):
+        negated = isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not)
+        if not isinstance(test, (ast.Compare, ast.BoolOp)) and not negated:
             self.add(test, f"not {self.seg(test)}")
 
     visit_For = visit_AsyncFor = visit_With = visit_AsyncWith = visit_Try = _visit_stmts_in
@@ -226,8 +226,10 @@ class _Finder(ast.NodeVisitor):
         self.add(node, "break", paren=False)
 
     def visit_Call(self, node: ast.Call) -> None:
-        name = node.func.id if isinstance(node.func, ast.Name) else node.func.attr if isinstance(node.func,
-                                                                                                 ast.Attribute) else ""
+        if isinstance(node.func, ast.Name):
+            name = node.func.id
+        else:
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else ""
         message = name.endswith(_MESSAGE_SUFFIXES)
         if isinstance(node.func, ast.Name) and node.func.id in _NAME_SWAP:
             self.add(node.func, _NAME_SWAP[node.func.id], paren=False)

@@ -1,4 +1,4 @@
-"""classify.py's git rules: the global options before the subcommand, the rules that make a
+"""classify's git rules: the global options before the subcommand, the rules that make a
 subcommand dangerous (each beside its harmless neighbour), and the read-only listing forms.
 
 Each test names the slip it guards against."""

@@ -1,4 +1,4 @@
-"""classify.py: tar's modes, touch's dates, `--` before a wrapped program, declared variables, git
+"""classify: tar's modes, touch's dates, `--` before a wrapped program, declared variables, git
 worktree prune.
 
 Each test names the slip it guards against. Several of the gaps hid real misjudgements, fixed with

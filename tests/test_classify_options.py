@@ -1,5 +1,5 @@
-"""Exact analyses of classify.py's option scanning and per-program rules: each test
-gives a concrete command and the level, reasons and Step fields that the rules in classify.py
+"""Exact analyses of classify's option scanning and per-program rules: each test
+gives a concrete command and the level, reasons and Step fields that the rules in classify
 give it (option scanning, wrappers, nested shells, heredocs, and the per-program rules)."""
 
 from __future__ import annotations

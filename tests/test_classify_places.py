@@ -1,4 +1,4 @@
-"""classify.py: the Analysis summary, Places (device files, .git under a temporary directory, a workspace whose
+"""classify: the Analysis summary, Places (device files, .git under a temporary directory, a workspace whose
 own path holds a .git folder) and temp_dirs.
 
 Each test names the slip it guards against."""

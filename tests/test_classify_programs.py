@@ -1,4 +1,4 @@
-"""classify.py: the per-program rules (the namespace tools, the shell settings, the awk family, pushd and
+"""classify: the per-program rules (the namespace tools, the shell settings, the awk family, pushd and
 popd).
 
 Each test names the slip it guards against."""

@@ -1,4 +1,4 @@
-"""classify.py: bare redirections, symbolic links under temporary directories, which directories
+"""classify: bare redirections, symbolic links under temporary directories, which directories
 are temporary.
 
 Bare redirections (a step with no program), where a symlink under a temporary directory leads,

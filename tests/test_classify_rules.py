@@ -1,6 +1,6 @@
-"""Exact analyses of classify.py's rules: each test
+"""Exact analyses of classify's rules: each test
 gives a concrete command and the level, reasons and Step fields the code must give for it,
-reasoned from the rules in classify.py (wrappers, nested shells, git, tar, sed, grep, kill ...)."""
+reasoned from the rules in classify (wrappers, nested shells, git, tar, sed, grep, kill ...)."""
 
 from __future__ import annotations
 

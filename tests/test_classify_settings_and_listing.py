@@ -1,6 +1,6 @@
-"""Exact analyses of classify.py (shell settings, listings, globbing, sed, the environment):
+"""Exact analyses of classify (shell settings, listings, globbing, sed, the environment):
 each test gives a concrete command and the level, reasons and Step fields the code must give for
-it, reasoned from classify.py's rules (shell settings, git's options and listing forms, find's
+it, reasoned from classify's rules (shell settings, git's options and listing forms, find's
 allowlist, globbing as bash does it, sed's read-only subset, the environment allowlist)."""
 
 from __future__ import annotations

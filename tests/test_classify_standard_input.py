@@ -1,4 +1,4 @@
-"""classify.py: what a shell reads from its standard input (a here-document, echo text piped in, a process
+"""classify: what a shell reads from its standard input (a here-document, echo text piped in, a process
 substitution), how deep that nesting goes, how a step whose program is computed is judged, and
 which words of chmod, setfacl and chattr are the files that change.
 

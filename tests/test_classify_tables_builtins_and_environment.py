@@ -1,4 +1,4 @@
-"""classify.py's tables, entry by entry: _BUILTINS, _RESERVED, _SUBCOMMAND_TOOLS,
+"""classify's tables, entry by entry: _BUILTINS, _RESERVED, _SUBCOMMAND_TOOLS,
 _SERVICES, _SERVICE_READ, _SHELL_ENV, _ENV_OK, _ENV_VALUE_OK, _PATTERN_FIRST, _SED_ADDR, MAX_NESTING and
 MAX_COMMAND. Each test names the programs, words and variables itself (never reading the module's
 tables) and gives the verdict the design asks for:

@@ -1,4 +1,4 @@
-"""classify.py's git tables, entry by entry: GIT_SAFE (read-only
+"""classify's git tables, entry by entry: GIT_SAFE (read-only
 subcommands and the options that make them write or run programs), GIT_WRITES (subcommands that
 may write .git when git runs alone), _GIT_SHORT_VALUES (short options that take a value, per
 subcommand), _GIT_GLOBAL_ARG (git's global options that take the next word), _GIT_BENIGN_CONFIG

@@ -1,4 +1,4 @@
-"""classify.py's program tables, entry by entry : _SYSTEM,
+"""classify's program tables, entry by entry : _SYSTEM,
 SAFE_PROGRAMS (names and their risky options), _NOT_PAGERS, _ANY_ARGS, _INERT, _VERSION_ONLY,
 NULL_DEVICES and _IGNORABLE. Every name is written out here, never read from the module: a
 mutant renames an entry in the table, and a test that iterated the table would follow it.

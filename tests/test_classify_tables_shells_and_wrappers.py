@@ -1,4 +1,4 @@
-"""classify.py's program tables, entry by entry: SHELLS, INLINE, INLINE_LONG,
+"""classify's program tables, entry by entry: SHELLS, INLINE, INLINE_LONG,
 DOWNLOADERS, WRAPPERS, _WRAPPER_ARGS and _RUNNERS. Each test names the programs and options
 itself (never reading the module's tables) and gives the verdict the design asks for:
 

@@ -1,4 +1,4 @@
-"""classify.py: what each writing program writes, read from
+"""classify: what each writing program writes, read from
 its options exactly (which options take a value, which word is the target, which options run a
 program), for the copy and move tools, the permission tools, find's output files, the service
 managers, init, sysctl, curl, wget, tar, unzip, 7-Zip and sed; and where a command runs or reads.

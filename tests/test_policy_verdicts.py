@@ -1,5 +1,5 @@
 """Exact verdicts of the approval policy (policy.py), the shell parser (shellparse.py) and the
-command classifier (classify.py), each pinned by a concrete
+command classifier (tools/classify), each pinned by a concrete
 command or call and the exact request, reason, scope or parse it must give.
 
 Nothing here runs a real command: the shell tool is a recorder."""
@@ -759,7 +759,7 @@ def test_problems_and_second_readings() -> None:
     assert parse("rm x").commands[0].source == "rm x" and parse("é; rm x").commands[1].source == "rm x"
 
 
-# -- classify.py -----------------------------------------------------------------------------------
+# -- classify -----------------------------------------------------------------------------------
 
 S, O, Un, Dg = "safe", "ordinary", "unknown", "dangerous"
 # (command, level, the reasons at that level): each read off the program's rule in classify.

@@ -35,6 +35,9 @@ def test_reasoning_content_and_the_end_of_sentence(demo_tokenizer) -> None:
     assert _text(events, "reasoning") == "let me see" and _text(events, "content") == "The answer."
     assert astuple(events[-1]) == ("done", "", -1, "", "", "eos", len(reply.sampled), reply.seconds)
     assert reply.finish == "eos" and events[-1].tokens == 8  # its usage
+    session = ScriptedEngine(demo_tokenizer, ["ab" + EOS], token_seconds=0.01).session()
+    done = list(Reply(session, demo_tokenizer, SamplingParams(), "chat", 10))[-1]
+    assert (done.tokens, done.seconds) == (2, pytest.approx(0.02))
     assert demo_tokenizer.decode(reply.sampled) == "let me see</think>The answer." + EOS
     # text events belong to no call: index -1, no name, no arguments, no finish
     assert astuple(next(e for e in events if e.kind == "content")) == ("content", "The", -1, "", "", "", 0, 0.0)

@@ -100,8 +100,8 @@ def _device_fit(f: GGUFFile, cfg: ModelConfig, backend: str, ctx: int, kernels: 
     from .. import settings
     from .kernels import resident
 
-    if backend not in ("metal", "cuda") or (kernels or settings.kernels_choice()) not in ("auto", "metal", "cuda",
-                                                                                          "kquant"):
+    chosen = kernels or settings.kernels_choice()
+    if backend not in ("metal", "cuda") or chosen not in ("auto", "metal", "cuda", "kquant"):
         return ()
     limit, buffer, what = resident.device_limits(backend)
     try:

@@ -83,9 +83,11 @@ def compressor_step(fr: Frontier, ratio: int, n0: int, kv: mx.array, score: mx.a
         prev_kv = xp.concatenate([fr.kv[None, 0:4], win_kv[:-1]], axis=0)
         prev_sc = xp.concatenate([fr.score[None, 0:4], win_sc[:-1]], axis=0)
         # Lane A: channels [0, d) of the previous window; lane B: [d, 2d) of this one.
-        pooled = _pool(xp.concatenate([prev_kv[..., :d], win_kv[..., d:]], axis=1),
-                       xp.concatenate([prev_sc[..., :d], win_sc[..., d:]], axis=1)) if n_emit else xp.zeros((0, d),
-                                                                                                            xp.float32)
+        if n_emit:
+            pooled = _pool(xp.concatenate([prev_kv[..., :d], win_kv[..., d:]], axis=1),
+                           xp.concatenate([prev_sc[..., :d], win_sc[..., d:]], axis=1))
+        else:
+            pooled = xp.zeros((0, d), xp.float32)
         last_kv = win_kv[-1] if n_emit else fr.kv[0:4]
         last_sc = win_sc[-1] if n_emit else fr.score[0:4]
         tail_kv, tail_sc = seq_kv[n_emit * 4 :], seq_sc[n_emit * 4 :]
@@ -347,9 +349,8 @@ class Model:
         f = fused(norm, cfg.rms_eps)(x, w(p + "ffn_norm.weight"))
         part = self.part
         if part is None:
-            logits, g, u = self.k.linears(f,
-                                          tuple(p + n + ".weight" for n in ("ffn_gate_inp", "ffn_gate_shexp",
-                                                                            "ffn_up_shexp")))
+            names = tuple(p + n + ".weight" for n in ("ffn_gate_inp", "ffn_gate_shexp", "ffn_up_shexp"))
+            logits, g, u = self.k.linears(f, names)
         else:  # the router in full; this process's rows of the shared expert
             logits = self.k.linear(f, p + "ffn_gate_inp.weight")
             c0, c1 = part.shared

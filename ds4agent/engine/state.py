@@ -238,8 +238,8 @@ def write_payload(cfg: ModelConfig, ctx: int, state: ModelState, tokens: list[in
     return blob
 
 
-def read_payload(cfg: ModelConfig, ctx: int, blob: bytes | memoryview, f16_rows: bool) -> tuple[ModelState, list[int],
-                                                                                                np.ndarray]:
+def read_payload(cfg: ModelConfig, ctx: int, blob: bytes | memoryview,
+                 f16_rows: bool) -> tuple[ModelState, list[int], np.ndarray]:
     """Parse and check a payload against this model and context.
 
     ``f16_rows`` re-applies the cache's f16 rounding to stored rows: ds4's GPU writes them

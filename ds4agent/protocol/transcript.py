@@ -56,8 +56,8 @@ def _guard(messages: list[dict], tok: Tokenizer) -> tuple[list[dict], list[str]]
     return out, originals
 
 
-def encode_guarded(tok: Tokenizer, messages: list[dict], render_fn: Callable[[list[dict]], str]) -> tuple[str,
-                                                                                                          list[int]]:
+def encode_guarded(tok: Tokenizer, messages: list[dict],
+                   render_fn: Callable[[list[dict]], str]) -> tuple[str, list[int]]:
     """Render ``messages`` with ``render_fn`` and tokenise the result: rendered structure
     becomes control tokens, while a supplied string (content, reasoning) that contains the text
     of a control token is tokenised as plain text, so it can never forge one (docs/protocol.md

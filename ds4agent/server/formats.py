@@ -177,8 +177,8 @@ class MessagesFormat(Base):
                 "output_tokens": self.usage["completion_tokens"] if output is None else output}
 
     def stop_reason(self) -> str:
-        return {"length": "max_tokens", "tool_calls": "tool_use", "stop_sequence": "stop_sequence"}.get(self.finish,
-                                                                                                        "end_turn")
+        reasons = {"length": "max_tokens", "tool_calls": "tool_use", "stop_sequence": "stop_sequence"}
+        return reasons.get(self.finish, "end_turn")
 
     def _open(self, kind: str, block: dict) -> list[str]:
         out = self._close()
@@ -392,8 +392,8 @@ class ResponsesFormat(Base):
         elif ev.kind == "done":
             out += self._close()
             status = self.status()
-            name = {"completed": "response.completed", "incomplete": "response.incomplete"}.get(status,
-                                                                                                "response.failed")
+            names = {"completed": "response.completed", "incomplete": "response.incomplete"}
+            name = names.get(status, "response.failed")
             out.append(self.ev(name, {"response": self.response(status)}))
         return out
 

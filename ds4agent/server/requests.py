@@ -428,8 +428,10 @@ def responses(body: dict, d: Defaults) -> Spec:
                 out.append({"role": "system" if role == "developer" else role, "content": text})
         elif kind in ("function_call", "custom_tool_call"):
             _check(isinstance(it.get("name"), str), f"{where}: function_call without a name", "input")
-            args = _arguments(it.get("arguments")) if kind == "function_call" else json.dumps({"input": it.get("input",
-                                                                                                               "")})
+            if kind == "function_call":
+                args = _arguments(it.get("arguments"))
+            else:
+                args = json.dumps({"input": it.get("input", "")})
             call = {"id": it.get("call_id") or "", "type": "function",
                     "function": {"name": it["name"], "arguments": args}}
             if out and out[-1]["role"] == "assistant" and (out[-1]["tool_calls"] or not out[-1].get("_closed")):

@@ -144,8 +144,10 @@ _PY_TYPES = {str: "string", int: "integer", bool: "boolean"}
 def _show(value: Any, limit: int = 40) -> str:
     """A value as the model wrote it, cut short: error messages must stay one readable line."""
     try:
-        text = json.dumps(value, ensure_ascii=True) if isinstance(value,
-                                                                  (str, int, float, bool)) else type(value).__name__
+        if isinstance(value, (str, int, float, bool)):
+            text = json.dumps(value, ensure_ascii=True)
+        else:
+            text = type(value).__name__
     except ValueError:  # an integer beyond Python's digit limit for str()
         text = "a very large integer"
     return text if len(text) <= limit else text[: limit - 1] + "…"

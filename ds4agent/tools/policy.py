@@ -5,7 +5,7 @@ Approval modes: ``ask`` (default: edits and shell commands need a yes), ``auto-e
 inside the workspace run; read-only commands from a reviewed list run inside the sandbox; other
 commands ask), ``yolo`` (everything runs, outside the sandbox unless one is chosen).
 
-Shell commands are parsed (classify.py): every program they run is judged from its resolved
+Shell commands are parsed (tools/classify): every program they run is judged from its resolved
 name and options. A dangerous one (recursive delete, force-push, writes outside the workspace
 or into a .git, a downloaded script run by a shell, ...) asks in every mode, and no earlier
 answer covers it. One that cannot be read statically (``$X -rf``, decoded text run as code,

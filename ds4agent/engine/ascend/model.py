@@ -118,8 +118,8 @@ class AscendModel:
             if st is None or not isinstance(st.raw, torch.Tensor):
                 layers.append(st)
                 continue
-            fr = [None if f is None else Frontier(_host(f.kv), _host(f.score)) for f in (st.comp_frontier,
-                                                                                         st.idx_frontier)]
+            fr = [None if f is None else Frontier(_host(f.kv), _host(f.score))
+                  for f in (st.comp_frontier, st.idx_frontier)]
             layers.append(LayerState(st.ratio, _host(st.raw), _host(st.comp), fr[0], _host(st.idx_comp), fr[1]))
         return ModelState(layers, state.n_tokens)
 

@@ -234,8 +234,8 @@ def moe_raw(x: np.ndarray, sel: np.ndarray, route_w: np.ndarray, gate: np.ndarra
                            gate.ctypes.data, up.ctypes.data, int(gu_type), gate.shape[-1],
                            down.ctypes.data, int(d_type), down.shape[-1], clamp, y.ctypes.data, int(int8))
     if rc:
-        raise ValueError({-1: "unsupported expert type", -2: "out of memory", -3: "expert id out of range"}.get(rc,
-                                                                                                                str(rc)))
+        why = {-1: "unsupported expert type", -2: "out of memory", -3: "expert id out of range"}
+        raise ValueError(why.get(rc, str(rc)))
     return y
 
 

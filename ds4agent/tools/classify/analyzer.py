@@ -308,9 +308,8 @@ class Analyzer(WrapperRules, ProgramRules, GitRules, ReadOnlyRules):
         prog = vals[0]  # (judge only asks about a step whose program is known)
         # A runner first: bun and deno are interpreters too, and `bun run` alone would cover
         # every script. `uv tool run X` names X one word later than `uv tool install`.
-        runner = next((r for r in _RUNNERS if r[0] in (prog,
-                                                       base) and (r[1] == "" or (len(vals) > 1 and vals[1] == r[1]))),
-                                                       None)
+        runner = next((r for r in _RUNNERS
+                       if r[0] in (prog, base) and (r[1] == "" or (len(vals) > 1 and vals[1] == r[1]))), None)
         if runner:
             n = 2 if runner[1] == "" else 4 if runner == ("uv", "tool") and vals[2:3] == ["run"] else 3
             if len(vals) >= n and all(v and not v.startswith("-") for v in vals[1:n]):

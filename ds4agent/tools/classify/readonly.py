@@ -40,8 +40,8 @@ class ReadOnlyRules:
         if prog != base and not _system_program(prog):
             return f"{prog} is not a system program"
         vals = s.values()
-        if base in _VERSION_ONLY and len(vals) == 2 and (vals[1] == "--version" or base in _VERSION_WORDS.get(vals[1],
-                                                                                                              ())):
+        if base in _VERSION_ONLY and len(vals) == 2 and (
+                vals[1] == "--version" or base in _VERSION_WORDS.get(vals[1], ())):
             return self._resolves_safely(base)
         if base not in SAFE_PROGRAMS:
             return f"{base} is not on the read-only list"

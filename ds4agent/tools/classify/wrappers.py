@@ -256,8 +256,8 @@ class WrapperRules:
         # PowerShell's parameters are case-insensitive prefixes (-Command, -c, -EncodedCommand, -ec,
         # -e; /Command on Windows): any -c... or -e... word may be inline code.
         powershell = family in ("pwsh", "powershell") and any(
-            w.value is None or (w.value[:1] in ("-", "/") and w.value.lstrip("-/")[:1].lower() in ("c",
-                                                                                                   "e")) for w in args)
+            w.value is None or (w.value[:1] in ("-", "/") and w.value.lstrip("-/")[:1].lower() in ("c", "e"))
+            for w in args)
         if (inline or powershell or any(n in INLINE_LONG.get(family, set()) for n in o.longs)
                 or (family == "deno" and o.operands and o.operands[0].value == "eval")):
             step.raise_to(UNKNOWN, f"runs inline {family} code, which is not checked")
