@@ -311,6 +311,25 @@ def test_a_turn_the_model_ends_inside_a_tool_block_ends_at_its_end_of_sentence(e
     assert conv.tok.decode(conv.transcript.tokens[conv.stats.prompt_tokens:]) == open_block + EOS_TEXT
 
 
+def test_a_turn_that_fails_mid_reply_counts_every_token_it_sampled(engine) -> None:
+    conv = _conv(engine, "chat")
+    ids = conv.tok.encode_rendered("hello\n\n")  # the blank line is held back: a tool block may follow
+
+    def generate(params, max_tokens=50000):
+        for i, t in enumerate(ids):
+            yield Step(t, i, 0.1, None)
+        raise RuntimeError("device lost")
+
+    conv.session.generate = generate
+    seen = []
+    with pytest.raises(RuntimeError, match="device lost"):
+        for ev in conv.turn("hi"):
+            seen.append(ev.kind)
+    assert "content" in seen and len(ids) > 1
+    # the held-back token gave no event, and still counts
+    assert (conv.stats.gen_tokens, conv.stats.gen_tps) == (len(ids), pytest.approx(10.0))
+
+
 def test_a_turn_left_suspended_is_settled_by_interrupted(engine) -> None:
     conv = _conv(engine, "chat")
     ids = _script(conv, "hello there friend" + EOS_TEXT)

@@ -384,3 +384,15 @@ def test_text_after_a_parameter() -> None:
     assert _after_value("x") == start + [bad]
     # One letter short of the invoke's closing tag is not that tag.
     assert _after_value(f"\n</｜DSML｜invokX>\n{CLOSE}{EOS}") == start + [bad]
+
+
+def test_malformed_text_is_the_failed_block_from_its_blank_line() -> None:
+    p = StreamParser("chat")
+    assert p.malformed_text() == ""  # no block began
+    p.feed("answer")
+    assert p.malformed_text() == ""
+    bad = f"\n\n{OPEN} \nnot a call"
+    events = p.feed(bad + " more" + EOS)
+    assert [e.kind for e in events if e.kind == "error"] == ["error"]
+    # from the blank line on, everything fed after it, without the end of sentence
+    assert p.malformed_text() == bad + " more"
