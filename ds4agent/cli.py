@@ -36,7 +36,8 @@ def _open_engine(path, args: argparse.Namespace, ctx: int, flag: str = "--ctx"):
         engine = _open_group(path, args, ctx)
     else:
         engine = Engine.open(path, backend=args.backend, ctx=ctx, kernels=args.kernels,
-                             devices=getattr(args, "devices", None), w8a8=getattr(args, "w8a8", False))
+                             devices=getattr(args, "devices", None), w8a8=getattr(args, "w8a8", False),
+                             memory_budget=getattr(args, "memory_budget", None))
     trained = engine.info.config.context_length
     if trained and ctx > trained:
         engine.close()
@@ -44,7 +45,7 @@ def _open_engine(path, args: argparse.Namespace, ctx: int, flag: str = "--ctx"):
                          f"deepseek4.context_length); use at most {trained}")
     if engine.info.kernel_note:
         _say(f"note: {engine.info.kernel_note}")
-    for line in engine.info.devices:  # --backend npu: what each device holds, and its memory
+    for line in engine.info.devices:  # what each device holds (npu, GPU kernels); what streams
         _say(line)
     return engine
 
@@ -103,6 +104,10 @@ def _add_engine(group: argparse._ActionsContainer) -> None:
     group.add_argument("--backend", choices=BACKENDS, default="auto", help="compute backend (default auto)")
     group.add_argument("--kernels", choices=KERNELS, default=None,
                        help="implementation of the heavy products (default $DS4_KERNELS or auto; see README)")
+    group.add_argument("--memory-budget", metavar="BYTES|auto", default=None,
+                       help="memory for routed experts (8G, 512M, auto); past it they stream from the model file "
+                            "(default $DS4_MEMORY_BUDGET, 'memory_budget' in config.toml, else auto: what the machine "
+                            "has left; see docs/streaming.md)")
     group.add_argument("--devices", metavar="LIST", default=None,
                        help="--backend npu: devices to split the layers over, e.g. 0,1 (default 0; cpu runs it on "
                             "host torch)")

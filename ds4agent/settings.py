@@ -61,14 +61,53 @@ def amx_disabled() -> bool:
     return os.environ.get("DS4_AMX") == "0"
 
 
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_budget(text: str) -> int | str:
+    """A memory budget as the user writes it: "auto", or bytes with an optional K/M/G/T
+    (powers of 1024; "GB" and "GiB" both mean 2**30), e.g. 8G, 12.5GiB, 512M."""
+    t = text.strip().lower()
+    if t == "auto":
+        return "auto"
+    for suffix in ("ib", "b"):
+        if t.endswith(suffix) and len(t) > len(suffix) and t[-len(suffix) - 1] in "kmgt":
+            t = t[: -len(suffix)]
+            break
+    unit = t[-1:] if t[-1:] in "kmgt" else ""
+    number = t[: len(t) - len(unit)]
+    try:
+        value = float(number)
+    except ValueError:
+        raise SettingsError(f"memory budget {text!r}: give bytes (8G, 512M, 12.5GiB) or auto") from None
+    if not value > 0 or value != value or value == float("inf"):
+        raise SettingsError(f"memory budget {text!r} must be more than zero")
+    return int(value * _UNITS[unit])
+
+
+def memory_budget_choice() -> int | str:
+    """$DS4_MEMORY_BUDGET, else 'memory_budget' in config.toml, else "auto"."""
+    text = os.environ.get("DS4_MEMORY_BUDGET")
+    if not text:
+        data = read_settings(config_path(), CONFIG_KEYS)
+        value = data.get("memory_budget")
+        if value is None:
+            return "auto"
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise SettingsError(f"{config_path()}: 'memory_budget' must be bytes (a number or \"8G\") or \"auto\"")
+        text = str(value)
+    return parse_budget(text)
+
+
 class ModelChoiceError(ValueError):
     """A model path the user named (flag, environment, config) that cannot be used; one line."""
 
 
 # The keys config.toml may hold. Anything else is most likely a typo, which would otherwise be
 # ignored without a word (a mistyped "model" silently runs the demo model).
-# mcp_servers and git_commit are the agent's (tools/mcp.py, tools/undo.py).
-CONFIG_KEYS = ("model", "mcp_servers", "git_commit")
+# mcp_servers and git_commit are the agent's (tools/mcp.py, tools/undo.py); memory_budget the
+# engine's (engine/expertpool.py).
+CONFIG_KEYS = ("model", "mcp_servers", "git_commit", "memory_budget")
 # A workspace's own settings file, at its root: the agent's settings that belong to a project.
 WORKSPACE_CONFIG = ".ds4agent.toml"
 WORKSPACE_KEYS = ("mcp_servers", "git_commit")

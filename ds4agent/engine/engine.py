@@ -12,8 +12,10 @@ import mlx.core as mx
 from ..modelfile.config import ModelConfig, check_tensors, claims_flash, config_from_gguf, validate_flash
 from ..modelfile.gguf import GGUFError, GGUFFile
 from ..modelfile.tokenizer import Tokenizer
+from . import expertpool
 from .choices import BACKENDS
 from .errors import EngineError
+from .expertpool import ExpertPool
 from .info import EngineInfo
 from .kernels import KernelError
 from .kernels import select as select_kernels
@@ -111,6 +113,57 @@ def _device_fit(f: GGUFFile, cfg: ModelConfig, backend: str, ctx: int, kernels: 
                           "(much slower)") from None
 
 
+def _expert_pool(f: GGUFFile, cfg: ModelConfig, backend: str, ctx: int, kernels: str | None,
+                 requested: int | str | None) -> tuple[ExpertPool | None, tuple[str, ...]]:
+    """The expert pool when routed experts must stream from the file (engine/expertpool.py),
+    and the line said at open. ``requested``: bytes, "auto" or None ($DS4_MEMORY_BUDGET, config,
+    else auto). Auto gives the pool what the machine has left after the dense weights, the KV
+    at ``ctx`` and a prefill's working memory, and streams nothing when every expert fits too."""
+    from .. import settings
+    from .kernels import resident
+
+    try:
+        requested = settings.memory_budget_choice() if requested is None else (
+            settings.parse_budget(requested) if isinstance(requested, str) else requested)
+    except settings.SettingsError as e:
+        raise EngineError(str(e)) from None
+    cpu = backend == "cpu" and (kernels or settings.kernels_choice()) in ("auto", "cpu", "cpu-exact")
+    need = resident.plan(f, cfg, ctx)
+    gib = expertpool.size_text
+    if requested == "auto":
+        available, what = expertpool.available_memory()
+        if not cpu or available is None:
+            return None, ()
+        budget = available - need.dense - need.kv - need.working
+        if need.experts <= budget:
+            return None, ()
+        floor = expertpool.slot_bytes(f, cfg) * cfg.n_expert_used
+        if budget < floor:
+            raise EngineError(f"the model does not fit: {what} is {gib(available)}, and the dense weights "
+                              f"({gib(need.dense)}), the KV at {ctx} tokens ({gib(need.kv)}) and a prefill's working "
+                              f"memory ({gib(need.working)}) leave less than one layer's experts; a smaller --ctx "
+                              "frees KV")
+        source = f"auto: {what} {gib(available)} less dense weights, KV and working memory"
+    else:
+        if not cpu:
+            raise EngineError("--memory-budget streams routed experts for the CPU kernels (--backend cpu); the "
+                              "GPU kernels keep every expert on the device")
+        budget = int(requested)
+        if need.experts <= budget:
+            return None, (f"memory budget {gib(budget)}: every routed expert fits ({gib(need.experts)}); they stay "
+                          "in the mapped file",)
+        source = "--memory-budget"
+    try:
+        pool = expertpool.ExpertPool(f, cfg, budget)
+    except expertpool.PoolError as e:
+        raise EngineError(str(e)) from None
+    total = cfg.n_layer * cfg.n_expert
+    line = (f"expert streaming: {pool.slots} of {total} routed experts resident ({gib(pool.allocated)} of "
+            f"{gib(need.experts)}; {source}), the rest read from the file as routed; dense weights "
+            f"{expertpool.lock_dense(f)}")
+    return pool, (line,)
+
+
 @dataclass(frozen=True)
 class Parts:
     """What a backend builds over an opened, checked model file. Engine takes these and nothing
@@ -126,18 +179,29 @@ class Parts:
     model: object
     session_class: type[Session] = Session
     on_close: Callable[[], None] | None = None  # runs before the model file closes
+    pool: ExpertPool | None = None  # where routed experts stream through, when they do
 
 
 def mlx_parts(f: GGUFFile, cfg: ModelConfig, tok: Tokenizer, backend: str, ctx: int, qat_sim: bool,
-              is_flash: bool, kernels: str | None) -> Parts:
+              is_flash: bool, kernels: str | None, memory_budget: int | str | None = None) -> Parts:
     """The MLX engine's parts over an opened model file on ``backend`` (as _pick_backend gave
-    it): weights, the kernels (checked at open where they need it), the model."""
-    weights = Weights(f, cfg)
+    it): weights (with the expert pool when experts stream), the kernels (checked at open where
+    they need it), the model."""
     memory = _device_fit(f, cfg, backend, ctx, kernels)  # before anything is copied to the device
-    impl, note = select_kernels(backend, weights, kernels)
+    pool, streaming = _expert_pool(f, cfg, backend, ctx, kernels, memory_budget)
+    try:
+        weights = Weights(f, cfg, pool)
+        impl, note = select_kernels(backend, weights, kernels)
+        if pool is not None and impl.name not in ("cpu", "cpu-exact"):
+            raise EngineError(f"expert streaming needs the CPU kernels, and they are unavailable here ({note})")
+    except BaseException:
+        if pool is not None:
+            pool.close()
+        raise
     model = Model(weights, Options(qat_sim=qat_sim), impl)
-    info = _info(f, cfg, backend, ctx, qat_sim, is_flash, impl.name, note, getattr(impl, "check", None), memory)
-    return Parts(f, tok, info, model)
+    info = _info(f, cfg, backend, ctx, qat_sim, is_flash, impl.name, note, getattr(impl, "check", None),
+                 memory + streaming)
+    return Parts(f, tok, info, model, on_close=pool.close if pool is not None else None, pool=pool)
 
 
 def _npu_parts(path, ctx: int, qat_sim: bool, kernels: str | None, devices: str | None, w8a8: bool) -> Parts:
@@ -159,7 +223,8 @@ def _npu_parts(path, ctx: int, qat_sim: bool, kernels: str | None, devices: str 
 
 
 def open_parts(path: str | os.PathLike[str], backend: str = "auto", ctx: int = 32768, qat_sim: bool = True,
-               kernels: str | None = None, devices: str | None = None, w8a8: bool = False) -> Parts:
+               kernels: str | None = None, devices: str | None = None, w8a8: bool = False,
+               memory_budget: int | str | None = None) -> Parts:
     """The parts of Engine.open(...) (same arguments): a distributed group builds its own
     Engine from them, around this process's share."""
     if ctx < 2:
@@ -171,7 +236,8 @@ def open_parts(path: str | os.PathLike[str], backend: str = "auto", ctx: int = 3
     chosen = _pick_backend(backend)
     mx.set_default_device(mx.cpu if chosen == "cpu" else mx.gpu)
     f, cfg, tok, flash = _read_model(path)
-    return _closing_on_error(f, KernelError, lambda: mlx_parts(f, cfg, tok, chosen, ctx, qat_sim, flash, kernels))
+    return _closing_on_error(f, KernelError, lambda: mlx_parts(f, cfg, tok, chosen, ctx, qat_sim, flash, kernels,
+                                                               memory_budget))
 
 
 class Engine:
@@ -186,12 +252,15 @@ class Engine:
     @classmethod
     def open(cls, path: str | os.PathLike[str], backend: str = "auto", ctx: int = 32768,
              qat_sim: bool = True, kernels: str | None = None, devices: str | None = None,
-             w8a8: bool = False) -> "Engine":
+             w8a8: bool = False, memory_budget: int | str | None = None) -> "Engine":
         """Open a DeepSeek V4 GGUF. Reads the header and vocabulary only; weights stay in the
         mmap and are materialised when first used. ``kernels`` picks the implementation of the
         heavy products (default $DS4_KERNELS or auto: the backend's fast kernels when usable).
-        ``devices`` ("0,1", "cpu", ...) and ``w8a8`` are the npu backend's (docs/ascend.md)."""
-        return cls(open_parts(path, backend, ctx, qat_sim, kernels, devices, w8a8))
+        ``devices`` ("0,1", "cpu", ...) and ``w8a8`` are the npu backend's (docs/ascend.md).
+        ``memory_budget`` (bytes, "8G", "auto"; default $DS4_MEMORY_BUDGET, config, auto) bounds
+        the routed experts held in memory: beyond it they stream from the file
+        (docs/streaming.md)."""
+        return cls(open_parts(path, backend, ctx, qat_sim, kernels, devices, w8a8, memory_budget))
 
     @property
     def file(self) -> GGUFFile:
@@ -207,6 +276,16 @@ class Engine:
     def parts(self) -> Parts:
         """What the engine was built from (a distributed group rebuilds one from them)."""
         return self._parts
+
+    def streaming(self) -> dict[str, float] | None:
+        """The expert pool's counters (hits, misses, prefetches used and wasted, bytes read,
+        seconds waited: expertpool.PoolStats) and its size in slots, or None when the routed
+        experts do not stream."""
+        pool = self._parts.pool
+        if pool is None:
+            return None
+        return {**pool.stats.as_dict(), "slots": pool.slots, "slot_bytes": pool.slot_bytes,
+                "experts": self.info.config.n_layer * self.info.config.n_expert}
 
     def session(self, ctx: int | None = None) -> Session:
         """A new, empty session; ``ctx`` defaults to the context the engine was opened with."""

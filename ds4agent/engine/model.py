@@ -194,6 +194,8 @@ class Model:
         pos = np.arange(p0, p0 + T)
         state.use(xp)
         tables = {c: self.rope.tables(pos, c, xp) for c in (False, True)}
+        if len(layers):
+            self._prefetch(layers[0], None, ids)
         for i in layers:
             X = self._layer(i, X, ids, pos, tables, state.layers[i], p0)
             xp.eval(X)  # one layer's graph at a time keeps peak memory to a layer's temporaries
@@ -367,6 +369,7 @@ class Model:
             prob, xp.array(sel.astype(np.int32)))  # (T, k)
 
         clamp = cfg.swiglu_clamp[i]
+        self._prefetch(i + 1, f, ids)  # read while this layer's experts compute
         if part is None:
             routed = self.k.experts(i, f, sel, weights, clamp)
             shared = self.k.linear(swiglu(g, u, clamp), p + "ffn_down_shexp.weight")
@@ -375,6 +378,28 @@ class Model:
         if c1 > c0:
             out = out + self.k.linear(swiglu(g, u, clamp), p + "ffn_down_shexp.weight", None, (c0, c1))
         return part.reduce(out)
+
+    def _prefetch(self, i: int, f, ids: np.ndarray) -> None:
+        """With experts streaming (engine/expertpool.py): start reading layer ``i``'s likely
+        experts, most wanted first. A hash-routed layer's are known from the token ids; another
+        layer's are guessed by its router applied to ``f``, the previous layer's FFN input (the
+        residual stream changes little from one layer to the next; None: no guess). Only reads
+        ahead: which experts run is decided by the layer itself, as always."""
+        pool = self.w.pool
+        if pool is None or i >= self.cfg.n_layer:
+            return
+        if self.cfg.is_hash_layer(i):
+            guess = self.w.hash_experts(i, ids)
+        elif f is None:
+            return
+        else:
+            p = f"blk.{i}."
+            prob = np.array(to(NP, fused(_router_scores)(self.k.linear(f, p + "ffn_gate_inp.weight"))))
+            if self.w.has(p + "exp_probs_b.bias"):
+                prob = prob + np.array(to(NP, self.param(p + "exp_probs_b.bias")))
+            guess = np.argsort(-prob, axis=1, kind="stable")[:, : self.cfg.n_expert_used]
+        experts, counts = np.unique(guess, return_counts=True)
+        pool.prefetch(i, experts[np.argsort(-counts, kind="stable")])
 
     def _own_experts(self, i: int, f, sel: np.ndarray, weights, clamp: float):
         """The routed FFN over only the chosen slots whose expert this process holds: each such

@@ -20,13 +20,17 @@ from gguf.constants import GGMLQuantizationType
 
 from ..modelfile.config import ModelConfig
 from ..modelfile.gguf import GGUFFile
+from .expertpool import ExpertPool
 from .quants import dequantize
 
 
 class Weights:
-    def __init__(self, f: GGUFFile, cfg: ModelConfig) -> None:
+    def __init__(self, f: GGUFFile, cfg: ModelConfig, pool: ExpertPool | None = None) -> None:
         self.file = f
         self.cfg = cfg
+        # Where the CPU kernels find routed experts when they are streamed (engine/expertpool.py);
+        # None: in the mapped file.
+        self.pool = pool
         self._cache: dict[str, mx.array] = {}
 
     def has(self, name: str) -> bool:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+import threading
 from dataclasses import dataclass
 from enum import IntEnum
 from pathlib import Path
@@ -285,6 +286,8 @@ class GGUFFile:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = str(path)
+        self._fd: int | None = None  # for read_into, opened on first use
+        self._fd_lock = threading.Lock()
         p = Path(path)
         if not p.exists():
             raise GGUFError(f"{self.path}: no such file")
@@ -410,6 +413,37 @@ class GGUFFile:
             *t.shape[:-1], t.row_bytes
         )
 
+    def read_into(self, offset: int, out: memoryview | np.ndarray) -> None:
+        """Fill ``out`` with the file's bytes from absolute ``offset`` by pread, not through the
+        mapping: the expert pool copies routed experts into memory it owns this way, from
+        several threads at once (pread has no shared file position), and then drops the pages
+        from the page cache (``drop_cached``) so that they are not held twice."""
+        view = memoryview(out).cast("B")
+        if offset < 0 or offset + len(view) > self.file_size:
+            raise GGUFError(f"{self.path}: read of {len(view)} bytes at {offset} is outside the file")
+        fd = self._read_fd()
+        done = 0
+        while done < len(view):
+            n = os.preadv(fd, [view[done:]], offset + done)
+            if n <= 0:
+                raise GGUFError(f"{self.path}: the file ended at byte {offset + done} (was it truncated?)")
+            done += n
+
+    def drop_cached(self, offset: int, length: int) -> None:
+        """Advise the OS that the page cache need not keep these bytes (after read_into copied
+        them). Only advice, and only where posix_fadvise exists (not macOS)."""
+        if hasattr(os, "posix_fadvise"):
+            try:
+                os.posix_fadvise(self._read_fd(), offset, length, os.POSIX_FADV_DONTNEED)
+            except OSError:
+                pass
+
+    def _read_fd(self) -> int:
+        with self._fd_lock:
+            if self._fd is None:
+                self._fd = os.open(self.path, os.O_RDONLY)
+            return self._fd
+
     def release_pages(self, name: str) -> None:
         """Tell the OS this process is done with one tensor's pages (a GPU holds its own copy
         now): they leave this mapping and, on Linux, the page cache, so the weights are not
@@ -438,6 +472,10 @@ class GGUFFile:
         return self.metadata.get(key, default)
 
     def close(self) -> None:
+        with self._fd_lock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
         try:
             self._mm.close()
         except BufferError:

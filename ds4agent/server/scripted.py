@@ -61,6 +61,10 @@ class ScriptedEngine:
     def session(self, ctx: int | None = None) -> "ScriptedSession":
         return ScriptedSession(self, self.ctx if ctx is None else ctx)
 
+    def streaming(self) -> None:
+        """No expert pool: nothing streams (Engine.streaming)."""
+        return None
+
     def close(self) -> None:
         pass
 

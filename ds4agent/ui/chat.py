@@ -29,8 +29,10 @@ def status_text(conv: Conversation) -> str:
     st = conv.stats
     used = len(conv.transcript.tokens)
     mode = {"chat": "no thinking", "thinking": "thinking", "max": "think max"}[conv.mode]
+    pool = conv.engine.streaming()
+    experts = f"experts streamed {100 * pool['hit_rate']:.0f}% hit | " if pool is not None else ""
     return (f" {conv.engine.info.name} | ctx {short_count(used)}/{short_count(conv.ctx)} | "
-            f"prefill {st.prefill_tps:.1f} t/s | gen {st.gen_tps:.1f} t/s | {mode} ")
+            f"prefill {st.prefill_tps:.1f} t/s | gen {st.gen_tps:.1f} t/s | {experts}{mode} ")
 
 
 # -- front ends ---------------------------------------------------------------------------------

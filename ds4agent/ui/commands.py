@@ -244,6 +244,12 @@ class ChatCommands:
         self.out.line(f"  last turn    prefill {st.prefill_tokens} tok at {st.prefill_tps:.1f} t/s, "
                       f"generation {st.gen_tokens} tok at {st.gen_tps:.1f} t/s")
         self.out.line(f"  this session {st.turns} turns, {st.total_generated} tokens generated")
+        pool = c.engine.streaming()
+        if pool is not None:
+            self.out.line(f"  experts      {pool['slots']} of {pool['experts']} resident, the rest streamed: "
+                          f"{100 * pool['hit_rate']:.1f}% found, {pool['bytes_read'] / 2**30:.2f} GiB read, "
+                          f"{pool['prefetch_used']} of {pool['prefetched']} read ahead used, "
+                          f"{pool['stall_s']:.1f} s waited")
 
     def cmd_quit(self, arg: str) -> None:
         self.quit = True

@@ -27,6 +27,7 @@ from gguf.constants import GGML_QUANT_SIZES
 from gguf.constants import GGMLQuantizationType as Q
 
 from ... import settings
+from ..expertpool import ExpertRows
 from ..qat import ceil_log2_table
 from ..quants import iq2xxs_tables
 from ..weights import Weights
@@ -224,15 +225,25 @@ def moe_raw(x: np.ndarray, sel: np.ndarray, route_w: np.ndarray, gate: np.ndarra
             down: np.ndarray, d_type: int, clamp: float, int8: bool = True) -> np.ndarray:
     """The routed-expert FFN on raw expert tensors gate/up (n_exp, F, row_bytes) and down
     (n_exp, E, row_bytes): x (T, E), sel/route_w (T, k) -> (T, E)."""
+    return moe_rows(x, sel, route_w, ExpertRows.over(gate, up, gu_type, down, d_type), clamp, int8)
+
+
+def moe_rows(x: np.ndarray, sel: np.ndarray, route_w: np.ndarray, rows: ExpertRows, clamp: float,
+             int8: bool = True, into: np.ndarray | None = None) -> np.ndarray:
+    """The routed-expert FFN over experts found through ``rows`` (the mapped file or the
+    expert pool's slots): x (T, E), sel/route_w (T, k) -> (T, E). A selection of -1 is left
+    out; ``into`` (T, E) is added to in place (the next range of experts of the same call)."""
     x = _f32(x)
     T, E = x.shape
-    n_exp, F = gate.shape[0], gate.shape[1]
     sel = np.ascontiguousarray(sel, dtype=np.int32)
     route_w = _f32(route_w)
-    y = np.zeros((T, E), dtype=np.float32)
-    rc = library().ds4_moe(x.ctypes.data, T, E, F, n_exp, sel.shape[1], sel.ctypes.data, route_w.ctypes.data,
-                           gate.ctypes.data, up.ctypes.data, int(gu_type), gate.shape[-1],
-                           down.ctypes.data, int(d_type), down.shape[-1], clamp, y.ctypes.data, int(int8))
+    y = np.zeros((T, E), dtype=np.float32) if into is None else into
+    if y.shape != (T, E) or y.dtype != np.float32 or not y.flags.c_contiguous:
+        raise ValueError(f"expert output {y.shape} {y.dtype} for {T} tokens of {E}")
+    rc = library().ds4_moe(x.ctypes.data, T, E, rows.F, len(rows.gate), sel.shape[1], sel.ctypes.data,
+                           route_w.ctypes.data, rows.gate.ctypes.data, rows.up.ctypes.data, rows.gu_type,
+                           rows.gu_row_bytes, rows.down.ctypes.data, rows.d_type, rows.d_row_bytes, clamp,
+                           y.ctypes.data, int(int8))
     if rc:
         why = {-1: "unsupported expert type", -2: "out of memory", -3: "expert id out of range"}
         raise ValueError(why.get(rc, str(rc)))
@@ -292,7 +303,7 @@ class CpuKernels:
         self._measure_prefetch = self.prefetch.source == "default"
         self.int8 = not exact and int8_available()
         self._views: dict[str, tuple[np.ndarray, int, int]] = {}
-        self._experts: dict[int, tuple] = {}
+        self._experts: dict[int, ExpertRows] = {}
         self._plans: dict[tuple[str, ...], tuple] = {}
         self.name = "cpu" if self.int8 else "cpu-exact"  # what the arithmetic is, not what was asked
         # The self-check's bounds (kernels/check.py) for the 8-bit path, as tests/test_kernels.py
@@ -389,14 +400,25 @@ class CpuKernels:
         if self._measure_prefetch:
             self._measure_prefetch = False
             self.prefetch = cpu_tune.measure_once(self.w.file, library(), matmul_raw)
-        ex = self._experts.get(layer)
-        if ex is None:  # views of the layer's three expert tensors, made once
-            f, p = self.w.file, f"blk.{layer}.ffn_"
-            ex = self._experts[layer] = (f.array(p + "gate_exps.weight"), f.array(p + "up_exps.weight"),
-                                         f.tensors[p + "gate_exps.weight"].type, f.array(p + "down_exps.weight"),
-                                         f.tensors[p + "down_exps.weight"].type)
-        gate, up, gu_type, down, d_type = ex
-        return moe_raw(_f32(x), sel, _f32(weights), gate, up, gu_type, down, d_type, clamp, self.int8)
+        x, weights = _f32(x), _f32(weights)
+        pool = self.w.pool
+        if pool is None:
+            rows = self._experts.get(layer)
+            if rows is None:  # every expert's address in the mapped file, once per layer
+                f, p = self.w.file, f"blk.{layer}.ffn_"
+                gate, up, down = (p + k + "_exps.weight" for k in ("gate", "up", "down"))
+                rows = self._experts[layer] = ExpertRows.over(f.array(gate), f.array(up), f.tensors[gate].type,
+                                                              f.array(down), f.tensors[down].type)
+            return moe_rows(x, sel, weights, rows, clamp, self.int8)
+        # Streamed: the chosen experts in ascending runs that fit the pool, each run's outputs
+        # added to the last in the order one call would add them (the same bits).
+        y = np.zeros(x.shape, dtype=np.float32)
+        spans = pool.spans(sel)
+        for span in spans:
+            part = sel if len(spans) == 1 else np.where(np.isin(sel, span), sel, -1)
+            with pool.holding(layer, span) as rows:
+                moe_rows(x, part, weights, rows, clamp, self.int8, into=y)
+        return y
 
     def attend(self, q: mx.array, keys: mx.array, mask: np.ndarray, sinks: mx.array) -> mx.array:
         return attend(q, keys, mask, sinks)

@@ -93,16 +93,18 @@ void ds4_hc_post(const float *y, const float *X, const float *post, const float 
  *   choose nearly all of them): the cores take whole experts, round robin in ascending id. A
  *   256-token chunk gives each expert about 6 tokens, and splitting three small products per
  *   expert across the cores cost a barrier each and left the SwiGLU to one core (two cores
- *   ran only 1.35x faster than one). Each core sums its experts' outputs in ascending expert
- *   order into its own buffer; the buffers are added in core order, so the result depends on
- *   the thread count but not on scheduling.
+ *   ran only 1.35x faster than one). Each expert's outputs go to their own rows of one
+ *   buffer, added into the tokens' outputs afterwards as below.
  *
  * - by rows (fewer: decode, where a token chooses 6 experts): every core takes the same share
  *   of the rows of every chosen expert's three matrices, so every core streams weights
  *   whatever their number (whole experts kept 6 of 16 cores busy at one token). Gate, up and
- *   the SwiGLU of a core's rows; a barrier; the down products' rows; a barrier; then each
- *   output is the sum of the experts' outputs in ascending expert order: the same bits for
- *   any number of cores. */
+ *   the SwiGLU of a core's rows; a barrier; the down products' rows; a barrier.
+ *
+ * Either way each output is then the sum of its experts' outputs in ascending expert order
+ * (add_in_expert_order): the same bits for any number of cores, either split, and any cut of
+ * the experts into calls in ascending order. A selection of -1 leaves that (token, choice) out
+ * of the call. */
 enum { MOE_BY_EXPERT = 4 };
 
 /* Rows f0 .. f1 of the m tokens' gate rows g (F apart) become the clamped SwiGLU times the
@@ -121,9 +123,12 @@ static void swiglu(float *g, const float *u, int64_t F, int64_t f0, int64_t f1, 
     }
 }
 
-/* The weights of one layer's experts and what the products need to read them. */
+/* The weights of one layer's experts and what the products need to read them. Each matrix is
+ * found through a table of one address per expert (its first row), not a tensor base plus a
+ * stride: the resident case points into the mapped file, the streamed case into the expert
+ * pool's slots (docs/streaming.md), and the same products serve both. */
 typedef struct {
-    const uint8_t *gate, *up, *down;
+    const uint8_t *const *gate, *const *up, *const *down;
     int gu_type, d_type;
     deq_fn deq_gu, deq_d;
     int64_t gu_row_bytes, d_row_bytes, E, F;
@@ -152,47 +157,56 @@ static void moe_acts_free(moe_acts *a) {
 }
 
 typedef struct {
-    float *xs, *g, *u, *o, *y;
+    float *xs, *g, *u;
 } moe_scratch;
 
+/* Expert e over its m tokens (slots order[0..m) of the call): their outputs to o, m rows of E. */
 static int moe_expert(const moe_weights *mw, int64_t e, const float *X, int64_t k, const int64_t *order, int64_t m,
-                      const float *route_w, moe_scratch *sc) {
+                      const float *route_w, moe_scratch *sc, float *o) {
     const int64_t E = mw->E, F = mw->F;
     for (int64_t j = 0; j < m; j++) memcpy(sc->xs + j * E, X + (order[j] / k) * E, (size_t)E * 4);
     moe_acts a = {0}, h = {0};
     if (moe_quantise(&a, mw->gu_type, sc->xs, m, E, mw->int8)) return -2;  /* once for gate and up */
-    apply(mw->gate + e * F * mw->gu_row_bytes, mw->gu_type, mw->deq_gu, mw->gu_row_bytes, F, E, sc->xs, m, sc->g, F,
-          a.f, a.q, a.xp);
-    apply(mw->up + e * F * mw->gu_row_bytes, mw->gu_type, mw->deq_gu, mw->gu_row_bytes, F, E, sc->xs, m, sc->u, F, a.f,
-          a.q, a.xp);
+    apply(mw->gate[e], mw->gu_type, mw->deq_gu, mw->gu_row_bytes, F, E, sc->xs, m, sc->g, F, a.f, a.q, a.xp);
+    apply(mw->up[e], mw->gu_type, mw->deq_gu, mw->gu_row_bytes, F, E, sc->xs, m, sc->u, F, a.f, a.q, a.xp);
     moe_acts_free(&a);
     swiglu(sc->g, sc->u, F, 0, F, m, order, route_w, mw->clamp);
     if (moe_quantise(&h, mw->d_type, sc->g, m, F, mw->int8)) return -2;
-    apply(mw->down + e * E * mw->d_row_bytes, mw->d_type, mw->deq_d, mw->d_row_bytes, E, F, sc->g, m, sc->o, E, h.f,
-          h.q, h.xp);
+    apply(mw->down[e], mw->d_type, mw->deq_d, mw->d_row_bytes, E, F, sc->g, m, o, E, h.f, h.q, h.xp);
     moe_acts_free(&h);
-    for (int64_t j = 0; j < m; j++) {
-        float *y = sc->y + (order[j] / k) * E;
-        const float *oj = sc->o + j * E;
-        for (int64_t c = 0; c < E; c++) y[c] += oj[c];
-    }
     return 0;
 }
 
-static int moe_by_expert(const moe_weights *mw, const float *X, int64_t T, int64_t k, const int64_t *count,
+/* Y[token] += each slot's output, slots in ascending expert order (count/order sort them so):
+ * the additions into one output happen in the same order however the work was spread over
+ * cores, and a call over a later range of experts continues exactly where an earlier one
+ * stopped (the expert pool splits a layer's experts into calls that fit its slots). Run
+ * inside a parallel region: the cores share the columns. */
+static void add_in_expert_order(float *Y, const float *o, const int64_t *order, int64_t S, int64_t k, int64_t E) {
+    enum { COLS = 256 };
+#pragma omp for schedule(static)
+    for (int64_t c0 = 0; c0 < E; c0 += COLS) {
+        const int64_t c1 = E - c0 < COLS ? E : c0 + COLS;
+        for (int64_t s = 0; s < S; s++) {
+            float *y = Y + (order[s] / k) * E;
+            const float *os = o + s * E;
+            for (int64_t col = c0; col < c1; col++) y[col] += os[col];
+        }
+    }
+}
+
+/* o holds every slot's output (S rows of E), written by whichever core ran its expert. */
+static int moe_by_expert(const moe_weights *mw, const float *X, int64_t S, int64_t k, const int64_t *count,
                          const int64_t *order, const int64_t *chosen, int64_t n_chosen, int64_t most,
                          const float *route_w, float *Y, int threads) {
     const int64_t E = mw->E, F = mw->F;
-    int rc = 0;
-    float **partial = calloc((size_t)threads, sizeof *partial);
-    if (!partial) return -2;
+    float *o = malloc((size_t)(S * E) * 4);
+    int rc = o ? 0 : -2;
+    if (rc) return rc;
 #pragma omp parallel num_threads(threads)
     {
-        const int me = omp_get_thread_num();
-        moe_scratch sc = {malloc((size_t)(most * E) * 4), malloc((size_t)(most * F) * 4), malloc((size_t)(most * F) * 4),
-                          malloc((size_t)(most * E) * 4), me ? calloc((size_t)(T * E), 4) : Y};
-        partial[me] = sc.y;
-        const int ok = sc.xs && sc.g && sc.u && sc.o && sc.y;
+        moe_scratch sc = {malloc((size_t)(most * E) * 4), malloc((size_t)(most * F) * 4), malloc((size_t)(most * F) * 4)};
+        const int ok = sc.xs && sc.g && sc.u;
         if (!ok) {
 #pragma omp atomic write
             rc = -2;
@@ -202,27 +216,22 @@ static int moe_by_expert(const moe_weights *mw, const float *X, int64_t T, int64
         for (int64_t c = 0; c < n_chosen; c++) {
             if (!ok) continue;
             const int64_t e = chosen[c], lo = count[e];
-            if (moe_expert(mw, e, X, k, order + lo, count[e + 1] - lo, route_w, &sc)) {
+            if (moe_expert(mw, e, X, k, order + lo, count[e + 1] - lo, route_w, &sc, o + lo * E)) {
 #pragma omp atomic write
                 rc = -2;
             }
         }
-        free(sc.xs); free(sc.g); free(sc.u); free(sc.o);
-#pragma omp barrier
-        /* add the other cores' sums into Y (thread 0's buffer), in core order */
-#pragma omp for schedule(static)
-        for (int64_t i = 0; i < T * E; i++)
-            for (int t = 1; t < threads; t++)
-                if (partial[t]) Y[i] += partial[t][i];
-        if (me) free(sc.y);
+        free(sc.xs); free(sc.g); free(sc.u);
+        /* (the loop's barrier: every slot's output is written, and rc is the same for all) */
+        if (!rc) add_in_expert_order(Y, o, order, S, k, E);
     }
-    free(partial);
+    free(o);
     return rc;
 }
 
-static int moe_by_rows(const moe_weights *mw, const float *X, int64_t T, int64_t k, const int64_t *count,
+static int moe_by_rows(const moe_weights *mw, const float *X, int64_t S, int64_t k, const int64_t *count,
                        const int64_t *order, const int64_t *chosen, int64_t n_chosen, const float *route_w, float *Y) {
-    const int64_t E = mw->E, F = mw->F, S = T * k;  /* S slots (token, choice), expert by expert in order */
+    const int64_t E = mw->E, F = mw->F;  /* S slots (token, choice), expert by expert in order */
     float *xs = malloc((size_t)(S * E) * 4), *g = malloc((size_t)(S * F) * 4), *u = malloc((size_t)(S * F) * 4);
     float *o = malloc((size_t)(S * E) * 4);
     moe_acts *a = calloc((size_t)n_chosen, sizeof *a), *h = calloc((size_t)n_chosen, sizeof *h);
@@ -246,10 +255,9 @@ static int moe_by_rows(const moe_weights *mw, const float *X, int64_t T, int64_t
                 const int64_t f0 = F * me / nt, f1 = F * (me + 1) / nt;
                 for (int64_t c = 0; c < n_chosen; c++) {
                     const int64_t e = chosen[c], lo = count[e], m = count[e + 1] - lo;
-                    const int64_t at = e * F + f0;
-                    apply(mw->gate + at * mw->gu_row_bytes, mw->gu_type, mw->deq_gu, mw->gu_row_bytes, f1 - f0, E,
+                    apply(mw->gate[e] + f0 * mw->gu_row_bytes, mw->gu_type, mw->deq_gu, mw->gu_row_bytes, f1 - f0, E,
                           xs + lo * E, m, g + lo * F + f0, F, a[c].f, a[c].q, a[c].xp);
-                    apply(mw->up + at * mw->gu_row_bytes, mw->gu_type, mw->deq_gu, mw->gu_row_bytes, f1 - f0, E,
+                    apply(mw->up[e] + f0 * mw->gu_row_bytes, mw->gu_type, mw->deq_gu, mw->gu_row_bytes, f1 - f0, E,
                           xs + lo * E, m, u + lo * F + f0, F, a[c].f, a[c].q, a[c].xp);
                     swiglu(g + lo * F, u + lo * F, F, f0, f1, m, order + lo, route_w, mw->clamp);
                 }
@@ -267,22 +275,12 @@ static int moe_by_rows(const moe_weights *mw, const float *X, int64_t T, int64_t
                 const int64_t r0 = E * me / nt, r1 = E * (me + 1) / nt;
                 for (int64_t c = 0; c < n_chosen; c++) {
                     const int64_t e = chosen[c], lo = count[e], m = count[e + 1] - lo;
-                    apply(mw->down + (e * E + r0) * mw->d_row_bytes, mw->d_type, mw->deq_d, mw->d_row_bytes, r1 - r0, F,
+                    apply(mw->down[e] + r0 * mw->d_row_bytes, mw->d_type, mw->deq_d, mw->d_row_bytes, r1 - r0, F,
                           g + lo * F, m, o + lo * E + r0, E, h[c].f, h[c].q, h[c].xp);
                 }
             }
 #pragma omp barrier
-            /* each output in ascending expert order (slots are expert by expert) */
-            enum { COLS = 256 };
-#pragma omp for schedule(static)
-            for (int64_t c0 = 0; c0 < E; c0 += COLS) {
-                const int64_t c1 = E - c0 < COLS ? E : c0 + COLS;
-                for (int64_t s = 0; s < S && !rc; s++) {
-                    float *y = Y + (order[s] / k) * E;
-                    const float *os = o + s * E;
-                    for (int64_t col = c0; col < c1; col++) y[col] += os[col];
-                }
-            }
+            if (!rc) add_in_expert_order(Y, o, order, S, k, E);
         }
     }
     for (int64_t c = 0; a && h && c < n_chosen; c++) {
@@ -295,18 +293,21 @@ static int moe_by_rows(const moe_weights *mw, const float *X, int64_t T, int64_t
 
 int ds4_moe(const float *X, int64_t T, int64_t E, int64_t F, int64_t n_expert, int64_t k,
             const int32_t *sel, const float *route_w,
-            const uint8_t *gate, const uint8_t *up, int gu_type, int64_t gu_row_bytes,
-            const uint8_t *down, int d_type, int64_t d_row_bytes, float clamp, float *Y, int int8) {
+            const uint8_t *const *gate, const uint8_t *const *up, int gu_type, int64_t gu_row_bytes,
+            const uint8_t *const *down, int d_type, int64_t d_row_bytes, float clamp, float *Y, int int8) {
     const moe_weights mw = {gate, up, down, gu_type, d_type, dequantiser(gu_type), dequantiser(d_type),
                             gu_row_bytes, d_row_bytes, E, F, clamp, int8};
     if (!mw.deq_gu || !mw.deq_d) return -1;
     for (int64_t i = 0; i < T * k; i++)
-        if (sel[i] < 0 || sel[i] >= n_expert) return -3;
+        if (sel[i] < -1 || sel[i] >= n_expert) return -3;
     int64_t *count = calloc((size_t)n_expert + 1, sizeof *count), *fill = calloc((size_t)n_expert, sizeof *fill);
     int64_t *order = malloc((size_t)(T * k) * sizeof *order), *chosen = malloc((size_t)n_expert * sizeof *chosen);
     int rc = 0;
     if (!count || !fill || !order || !chosen) { rc = -2; goto done; }
-    for (int64_t i = 0; i < T * k; i++) count[sel[i] + 1]++;
+    int64_t S = 0;  /* the slots taken: -1 leaves a (token, choice) to another call */
+    for (int64_t i = 0; i < T * k; i++)
+        if (sel[i] >= 0) count[sel[i] + 1]++, S++;
+    if (!S) goto done;
     int64_t n_chosen = 0, most = 0;
     for (int64_t e = 0; e < n_expert; e++) {
         const int64_t m = count[e + 1];
@@ -314,12 +315,13 @@ int ds4_moe(const float *X, int64_t T, int64_t E, int64_t F, int64_t n_expert, i
         if (m > most) most = m;
         count[e + 1] += count[e];
     }
-    for (int64_t i = 0; i < T * k; i++) order[count[sel[i]] + fill[sel[i]]++] = i;  /* token-major per expert */
+    for (int64_t i = 0; i < T * k; i++)  /* token-major per expert */
+        if (sel[i] >= 0) order[count[sel[i]] + fill[sel[i]]++] = i;
     const int threads = omp_get_max_threads();
     if (n_chosen >= MOE_BY_EXPERT * threads)
-        rc = moe_by_expert(&mw, X, T, k, count, order, chosen, n_chosen, most, route_w, Y, threads);
+        rc = moe_by_expert(&mw, X, S, k, count, order, chosen, n_chosen, most, route_w, Y, threads);
     else
-        rc = moe_by_rows(&mw, X, T, k, count, order, chosen, n_chosen, route_w, Y);
+        rc = moe_by_rows(&mw, X, S, k, count, order, chosen, n_chosen, route_w, Y);
 done:
     free(count); free(fill); free(order); free(chosen);
     return rc;

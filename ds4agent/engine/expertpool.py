@@ -1,0 +1,481 @@
+"""The expert pool: routed experts read from the model file into a fixed number of slots, for
+models larger than the memory given to them (docs/streaming.md).
+
+Every token reads the dense weights, so they stay resident; of the routed experts (nine tenths
+of the file) a token reads 6 per layer. The pool keeps whole experts (gate, up and down of one
+expert of one layer) in slots of memory it owns, one anonymous mapping allocated at open and
+never grown: the budget is a number of slots, and nothing the routing does can make it larger.
+A miss is read with pread into a free or evicted slot, and the file's pages it went through are
+dropped from the page cache, so the bytes are not held twice (with plain mmap the page cache
+holds every expert a token touched, and under a memory limit evicts the dense weights that the
+next token needs first).
+
+The kernels read experts through ``ExpertRows``: one address per expert for each of the three
+matrices. Over the mapped file every address is there (the resident case); from the pool only
+those of the experts a call holds. The same kernels serve both, and a layer whose experts do not
+all fit at once runs in several calls over ascending ranges of experts, which the CPU kernel
+adds up in the same order as one call (cpu_layers.c, add_in_expert_order): the logits are the
+same bits whatever the budget.
+
+Reads run on a few threads: the misses of one call together, and prefetches issued ahead (the
+hash-routed layers' experts from the token ids, the next layer's likely experts from its router
+applied early) while the current layer computes. ``stats`` counts hits, misses, prefetches
+used and wasted, bytes read and the time a call waited.
+
+Calls that hold experts come from one thread at a time (a forward pass is not re-entrant);
+prefetches and reads may come from any.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import numpy as np
+
+from ..modelfile.config import ModelConfig
+from ..modelfile.gguf import GGUFFile
+
+GiB = 1 << 30
+ALIGN = 64  # each matrix of a slot starts on a cache line
+PAGE = mmap.PAGESIZE
+POLICIES = ("lru", "lfu")
+
+
+class PoolError(ValueError):
+    """A budget or file the pool cannot work with; one line."""
+
+
+@dataclass(frozen=True)
+class ExpertRows:
+    """Where one layer's routed experts are, for the expert kernels: per matrix (gate, up,
+    down) one address per expert, its first row (uint64, n_expert entries; 0 for an expert a
+    pool call does not hold), with the matrices' types and row lengths."""
+
+    gate: np.ndarray
+    up: np.ndarray
+    down: np.ndarray
+    gu_type: int
+    gu_row_bytes: int
+    d_type: int
+    d_row_bytes: int
+    F: int  # rows of gate and up (the expert's hidden width)
+    keep: object = None  # what the addresses point into, kept alive as long as these are
+
+    @classmethod
+    def over(cls, gate: np.ndarray, up: np.ndarray, gu_type: int, down: np.ndarray, d_type: int) -> "ExpertRows":
+        """Every expert of tensors (n_expert, rows, row_bytes) in memory (the mapped file)."""
+        def firsts(t: np.ndarray) -> np.ndarray:
+            if t.ndim != 3 or t.strides[2] != 1 or t.strides[1] != t.shape[2]:
+                raise ValueError("expert rows must be contiguous within each expert")
+            return np.uint64(t.ctypes.data) + np.arange(t.shape[0], dtype=np.uint64) * np.uint64(t.strides[0])
+        return cls(firsts(gate), firsts(up), firsts(down), int(gu_type), gate.shape[2], int(d_type), down.shape[2],
+                   gate.shape[1], (gate, up, down))
+
+
+@dataclass(frozen=True)
+class _Layer:
+    """One layer's expert tensors in the file: where expert 0 of each matrix starts, how many
+    bytes one expert of it takes, where it goes in a slot."""
+
+    starts: tuple[int, int, int]  # absolute file offsets of expert 0: gate, up, down
+    sizes: tuple[int, int, int]  # bytes per expert
+    at: tuple[int, int, int]  # offsets within a slot
+    gu_type: int
+    gu_row_bytes: int
+    d_type: int
+    d_row_bytes: int
+    F: int
+
+    @property
+    def slot_bytes(self) -> int:
+        return self.at[2] + _up(self.sizes[2], ALIGN)
+
+
+def _up(n: int, to: int) -> int:
+    return -(-n // to) * to
+
+
+def _layers(f: GGUFFile, cfg: ModelConfig) -> list[_Layer]:
+    out = []
+    for i in range(cfg.n_layer):
+        ts = [f.tensors[f"blk.{i}.ffn_{k}_exps.weight"] for k in ("gate", "up", "down")]
+        sizes = tuple(t.nbytes // cfg.n_expert for t in ts)
+        gate_at = 0
+        up_at = _up(sizes[0], ALIGN)
+        down_at = up_at + _up(sizes[1], ALIGN)
+        out.append(_Layer(tuple(t.offset for t in ts), sizes, (gate_at, up_at, down_at), ts[0].type,
+                          ts[0].row_bytes, ts[2].type, ts[2].row_bytes, ts[0].shape[1]))
+    return out
+
+
+def expert_bytes(f: GGUFFile, cfg: ModelConfig) -> int:
+    """Bytes of every routed expert in the file."""
+    return sum(t.nbytes for name, t in f.tensors.items() if "_exps." in name)
+
+
+def slot_bytes(f: GGUFFile, cfg: ModelConfig) -> int:
+    """Bytes one slot takes: the largest expert of any layer (layers may differ in type), whole
+    pages so that every slot starts on a page."""
+    return _up(max(lay.slot_bytes for lay in _layers(f, cfg)), PAGE)
+
+
+@dataclass
+class PoolStats:
+    hits: int = 0  # experts a call found in the pool
+    misses: int = 0  # experts a call had to read (or wait for: counted in stall)
+    prefetched: int = 0  # reads issued ahead of a call
+    prefetch_used: int = 0  # of those, found by a call before being evicted
+    wasted: int = 0  # of those, evicted unused
+    bytes_read: int = 0
+    stall_s: float = 0.0  # time calls waited for reads (misses and unfinished prefetches)
+    read_s: float = 0.0  # time the readers spent reading (all threads together)
+    calls: int = 0
+
+    def hit_rate(self) -> float:
+        n = self.hits + self.misses
+        return self.hits / n if n else 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        d["hit_rate"] = round(self.hit_rate(), 4)
+        return d
+
+
+@dataclass
+class _Slot:
+    key: int = -1  # layer * n_expert + expert, -1 when empty
+    loading: Future | None = None
+    pins: int = 0
+    unused_prefetch: bool = False
+    error: BaseException | None = field(default=None, repr=False)
+
+
+class ExpertPool:
+    """``budget`` bytes of slots over the routed experts of ``f``; ``policy`` "lru" (evict the
+    least recently used) or "lfu" (the least often used, counts halved every time as many uses
+    as there are slots have passed, so that yesterday's favourites age out); ``readers``
+    threads read."""
+
+    def __init__(self, f: GGUFFile, cfg: ModelConfig, budget: int, policy: str = "lru", readers: int = 4) -> None:
+        if policy not in POLICIES:
+            raise PoolError(f"unknown eviction policy {policy!r} (choose from {', '.join(POLICIES)})")
+        self.file, self.cfg, self.policy = f, cfg, policy
+        self._layers = _layers(f, cfg)
+        self.slot_bytes = slot_bytes(f, cfg)
+        self.slots = min(budget // self.slot_bytes, cfg.n_layer * cfg.n_expert)
+        if self.slots < 1:
+            raise PoolError(f"a memory budget of {size_text(budget)} holds no routed expert (one takes "
+                            f"{size_text(self.slot_bytes)})")
+        self.budget = budget
+        self._mem = mmap.mmap(-1, self.slots * self.slot_bytes)  # anonymous: page-aligned, ours
+        self._buf = np.frombuffer(self._mem, dtype=np.uint8)
+        self._base = self._buf.ctypes.data
+        self._slot = [_Slot() for _ in range(self.slots)]
+        self._where: dict[int, int] = {}  # key -> slot
+        self._busy = np.zeros(self.slots, dtype=bool)  # held by a call, or being read
+        self._last = np.full(self.slots, -1.0)  # tick of the last use (-1: empty, taken first)
+        self._uses = np.full(self.slots, -1.0)  # aged use counts (lfu)
+        self._tick = 0
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)  # a read finished
+        self._readers = ThreadPoolExecutor(readers, thread_name_prefix="ds4-experts")
+        self.stats = PoolStats()
+
+    # -- what the kernels call -----------------------------------------------------------------
+    @property
+    def allocated(self) -> int:
+        """Bytes the pool holds: fixed at open."""
+        return self.slots * self.slot_bytes
+
+    @property
+    def address(self) -> int:
+        """Where the slots start in this process's memory."""
+        return self._base
+
+    def spans(self, experts: np.ndarray) -> list[np.ndarray]:
+        """The distinct ``experts`` (ascending) cut into runs that fit the pool at once."""
+        chosen = np.unique(np.asarray(experts).reshape(-1))
+        chosen = chosen[chosen >= 0]
+        return [chosen[i : i + self.slots] for i in range(0, len(chosen), self.slots)]
+
+    @contextmanager
+    def holding(self, layer: int, experts: np.ndarray) -> Iterator[ExpertRows]:
+        """The addresses of ``experts`` (distinct, at most ``slots``) of ``layer``, read first
+        where missing; they stay in their slots until the block ends."""
+        experts = [int(e) for e in experts]
+        if len(experts) > self.slots:
+            raise ValueError(f"{len(experts)} experts at once in a pool of {self.slots} slots")
+        lay = self._layers[layer]
+        n = self.cfg.n_expert
+        held: list[int] = []
+        try:
+            t0 = time.perf_counter()
+            waits: list[Future] = []
+            with self._lock:
+                self.stats.calls += 1
+                for e in experts:
+                    s = self._take(layer * n + e, pin=True)
+                    held.append(s)
+                    slot = self._slot[s]
+                    if slot.loading is not None:
+                        waits.append(slot.loading)
+            for fut in waits:
+                fut.result()  # a read error is raised here, in the caller
+            self.stats.stall_s += time.perf_counter() - t0 if waits else 0.0
+            tables = [np.zeros(n, dtype=np.uint64) for _ in range(3)]
+            for e, s in zip(experts, held):
+                for table, at in zip(tables, lay.at):
+                    table[e] = self._base + s * self.slot_bytes + at
+            yield ExpertRows(*tables, lay.gu_type, lay.gu_row_bytes, lay.d_type, lay.d_row_bytes, lay.F, self._buf)
+        finally:
+            with self._lock:
+                for s in held:
+                    slot = self._slot[s]
+                    slot.pins -= 1
+                    self._busy[s] = slot.pins > 0 or slot.loading is not None
+                self._changed.notify_all()
+
+    def prefetch(self, layer: int, experts: np.ndarray) -> int:
+        """Start reading ``experts`` of ``layer`` (most wanted first) into slots that nothing
+        holds, without waiting: as many as fit beside what calls hold, at most half the pool
+        (the rest keeps what is in use). Returns how many reads it started."""
+        n = self.cfg.n_expert
+        started = 0
+        with self._lock:
+            room = self.slots // 2
+            for e in experts:
+                key = layer * n + int(e)
+                if started >= room:
+                    break
+                if key in self._where:
+                    continue
+                s = self._victim()
+                if s is None:
+                    break
+                self._load(s, key, prefetch=True)
+                started += 1
+            self.stats.prefetched += started
+        return started
+
+    def close(self) -> None:
+        self._readers.shutdown(wait=True)
+        try:
+            self._mem.close()
+        except BufferError:  # a caller still holds ExpertRows over it; freed when dropped
+            pass
+
+    def resident(self) -> list[tuple[int, int]]:
+        """(layer, expert) of every filled slot."""
+        n = self.cfg.n_expert
+        with self._lock:
+            return sorted(divmod(k, n) for k in self._where)
+
+    # -- slots ---------------------------------------------------------------------------------
+    def _take(self, key: int, pin: bool) -> int:
+        """The slot of ``key``, read into a victim if missing; pinned. Under the lock; waits
+        (releasing it) while every slot is held or being read."""
+        s = self._where.get(key)
+        slot = self._slot[s] if s is not None else None
+        if slot is not None:
+            self.stats.hits += 1
+            if slot.unused_prefetch:
+                slot.unused_prefetch = False
+                self.stats.prefetch_used += 1
+        else:
+            self.stats.misses += 1
+            s = self._victim()
+            while s is None:  # every slot held by this call or being read: wait for a read
+                self._changed.wait()
+                s = self._where.get(key)
+                if s is not None:
+                    break
+                s = self._victim()
+            if self._slot[s].key != key:
+                self._load(s, key, prefetch=False)
+            slot = self._slot[s]
+        slot.pins += 1
+        self._busy[s] = True
+        self._use(s)
+        return s
+
+    def _use(self, s: int) -> None:
+        self._tick += 1
+        self._last[s] = self._tick
+        self._uses[s] = max(self._uses[s], 0.0) + 1.0
+        if self.policy == "lfu" and self._tick % self.slots == 0:
+            self._uses[self._uses > 0] *= 0.5
+
+    def _victim(self) -> int | None:
+        """A slot nothing holds or reads: an empty one first, then by the policy."""
+        if self._busy.all():
+            return None
+        if self.policy == "lru":
+            score = np.where(self._busy, np.inf, self._last)
+            return int(np.argmin(score))
+        uses = np.where(self._busy, np.inf, self._uses)
+        low = np.flatnonzero(uses == uses.min())
+        return int(low[np.argmin(self._last[low])])  # the least used; of those the oldest
+
+    def _load(self, s: int, key: int, prefetch: bool) -> None:
+        """Slot ``s`` now stands for ``key`` and is being read. Under the lock."""
+        slot = self._slot[s]
+        if slot.key >= 0:
+            del self._where[slot.key]
+            if slot.unused_prefetch:
+                self.stats.wasted += 1
+        slot.key, slot.unused_prefetch = key, prefetch
+        self._where[key] = s
+        self._busy[s] = True
+        if prefetch:  # counts as used once now, so that it is not the next victim
+            self._last[s] = self._tick
+            self._uses[s] = 1.0
+        slot.loading = self._readers.submit(self._read, s, key)
+
+    def _read(self, s: int, key: int) -> None:
+        layer, e = divmod(key, self.cfg.n_expert)
+        lay = self._layers[layer]
+        t0 = time.perf_counter()
+        base = s * self.slot_bytes
+        try:
+            for start, size, at in zip(lay.starts, lay.sizes, lay.at):
+                offset = start + e * size
+                self.file.read_into(offset, self._buf[base + at : base + at + size])
+                self.file.drop_cached(offset, size)
+        except BaseException:
+            with self._lock:  # the slot holds nothing usable: forget it
+                slot = self._slot[s]
+                if self._where.get(slot.key) == s:
+                    del self._where[slot.key]
+                slot.key, slot.loading, slot.unused_prefetch = -1, None, False
+                self._last[s] = self._uses[s] = -1.0
+                self._busy[s] = slot.pins > 0
+                self._changed.notify_all()
+            raise
+        with self._lock:
+            self.stats.bytes_read += sum(lay.sizes)
+            self.stats.read_s += time.perf_counter() - t0
+            slot = self._slot[s]
+            slot.loading = None
+            self._busy[s] = slot.pins > 0
+            self._changed.notify_all()
+
+
+# -- the budget ---------------------------------------------------------------------------------
+def available_memory() -> tuple[int | None, str]:
+    """(bytes this process may still take, what the number is): on Linux the kernel's
+    MemAvailable, or less where a memory cgroup (v1 or v2, this process's or an ancestor's)
+    leaves less room under its limit; elsewhere three quarters of the physical memory."""
+    avail: int | None = None
+    what = ""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    avail, what = int(line.split()[1]) * 1024, "available memory"
+    except (OSError, ValueError, IndexError):
+        pass
+    room = _cgroup_room()
+    if room is not None and (avail is None or room < avail):
+        avail, what = room, "room under the memory cgroup's limit"
+    if avail is None:
+        try:
+            avail = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") * 3 // 4
+            what = "three quarters of physical memory"
+        except (OSError, ValueError, AttributeError):
+            return None, ""
+    return avail, what
+
+
+def _cgroup_room(root: str = "/sys/fs/cgroup", own: str = "/proc/self/cgroup") -> int | None:
+    """The least room (limit minus what is used, page cache not counted: the kernel reclaims it)
+    of this process's memory cgroup and its ancestors; None when none has a limit."""
+    try:
+        with open(own) as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return None
+    best: int | None = None
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        if parts[0] == "0" and parts[1] == "":  # v2
+            base, files = root, ("memory.max", "memory.current", "file")
+        elif "memory" in parts[1].split(","):  # v1
+            base, files = os.path.join(root, "memory"), ("memory.limit_in_bytes", "memory.usage_in_bytes",
+                                                          "total_cache")
+        else:
+            continue
+        path = parts[2]
+        while True:
+            room = _room_at(os.path.join(base, path.lstrip("/")), *files)
+            if room is not None and (best is None or room < best):
+                best = room
+            if path in ("/", ""):
+                break
+            path = os.path.dirname(path)
+    return best
+
+
+def _room_at(folder: str, limit_file: str, usage_file: str, cache_key: str) -> int | None:
+    try:
+        with open(os.path.join(folder, limit_file)) as fh:
+            text = fh.read().strip()
+        if text == "max" or int(text) >= 1 << 60:  # v1 writes "no limit" as a huge number
+            return None
+        limit = int(text)
+        with open(os.path.join(folder, usage_file)) as fh:
+            used = int(fh.read().strip())
+        cache = 0
+        with open(os.path.join(folder, "memory.stat")) as fh:
+            for line in fh:
+                key, _, value = line.partition(" ")
+                if key == cache_key:
+                    cache = int(value)
+        return max(0, limit - max(0, used - cache))
+    except (OSError, ValueError):
+        return None
+
+
+def lock_dense(f: GGUFFile) -> str:
+    """Lock the dense weights' pages of the mapped file in memory (every token reads them; under
+    pressure the OS would otherwise evict them before anything else). Returns what happened, for
+    the line said at open: where mlock is refused (RLIMIT_MEMLOCK, ``ulimit -l``) they stay
+    mapped but unlocked."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        mlock = libc.mlock
+    except (OSError, AttributeError):
+        return "not locked (no mlock here)"
+    mlock.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    total = 0
+    for name, t in f.tensors.items():
+        if not is_dense(name):
+            continue
+        addr = f.array(name).ctypes.data
+        start = addr // PAGE * PAGE
+        if mlock(start, addr + t.nbytes - start) != 0:
+            err = ctypes.get_errno()
+            return (f"not locked ({os.strerror(err)}; raise 'ulimit -l' to lock them): the OS may evict them "
+                    "under memory pressure")
+        total += t.nbytes
+    return f"locked in memory ({size_text(total)})"
+
+
+def is_dense(name: str) -> bool:
+    """A tensor every token reads whole: not a routed expert, not the embedding or the hash
+    tables (rows of those are gathered per token)."""
+    return "_exps." not in name and name != "token_embd.weight" and "_tid2eid." not in name
+
+
+def size_text(n: int) -> str:
+    """Bytes for a person: GiB, or MiB below a tenth of one."""
+    return f"{n / GiB:.2f} GiB" if n >= GiB // 10 else f"{n / 2**20:.1f} MiB"

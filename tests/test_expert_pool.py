@@ -1,0 +1,332 @@
+"""The expert pool (engine/expertpool.py): routed experts streamed from the model file into a
+fixed number of slots. The numbers must not depend on the budget (same logits, tokens and saved
+sessions as with every expert in the mapped file, down to a pool of one slot); the pool never
+holds more than its slots; eviction follows its policy; reads ahead are counted; a failed read
+leaves nothing half-filled; the budget is chosen from the machine or refused in one line."""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ds4agent import settings
+from ds4agent.engine import Engine, EngineError, SamplingParams, expertpool
+from ds4agent.engine.expertpool import ExpertPool, PoolError
+from ds4agent.modelfile.config import config_from_gguf
+from ds4agent.modelfile.gguf import GGUFFile
+
+PROMPTS = (list(range(5, 60)), [7, 300, 2, 2, 91, 45, 46, 47, 1000, 12, 13, 14])
+
+
+def _slot(path: Path) -> int:
+    with GGUFFile(path) as f:
+        return expertpool.slot_bytes(f, config_from_gguf(f))
+
+
+def _run(path: Path, budget, kernels: str | None = None, prompt: list[int] = PROMPTS[0]):
+    """Prefill, 6 greedy tokens; the last logits, the tokens, the saved session, the pool's counters."""
+    with Engine.open(path, backend="cpu", ctx=256, kernels=kernels, memory_budget=budget) as e:
+        s = e.session()
+        s.sync(prompt)
+        tokens = [st.token for st in s.generate(SamplingParams(temperature=0), max_tokens=6, stop_at_eos=False)]
+        return np.array(s.logits), tokens, s.snapshot(), e.streaming()
+
+
+@pytest.mark.parametrize("kernels,slots", [(None, 1), (None, 3), (None, 20), ("cpu-exact", 2)])
+def test_same_logits_tokens_and_saved_session_whatever_the_budget(demo_path: Path, kernels, slots: int) -> None:
+    """One slot makes every layer run expert by expert in separate calls (prefill by whole
+    experts, decode by rows); the sums must still be added in the same order."""
+    want = _run(demo_path, None, kernels)
+    assert want[3] is None  # the whole tiny model fits: nothing streams
+    got = _run(demo_path, slots * _slot(demo_path), kernels)
+    assert got[3]["slots"] == slots and got[3]["misses"] > 0
+    assert np.array_equal(got[0].view(np.uint32), want[0].view(np.uint32))
+    assert got[1] == want[1]
+    assert got[2] == want[2]
+
+
+def test_a_session_saved_while_streaming_continues_without_it(demo_path: Path) -> None:
+    slot = _slot(demo_path)
+    with Engine.open(demo_path, backend="cpu", ctx=256, memory_budget=4 * slot) as streamed:
+        s = streamed.session()
+        s.sync(PROMPTS[1])
+        blob = s.snapshot()
+        after = [st.token for st in s.generate(SamplingParams(temperature=0), max_tokens=5, stop_at_eos=False)]
+    with Engine.open(demo_path, backend="cpu", ctx=256) as resident:
+        r = resident.session()
+        r.restore(blob)
+        assert [st.token for st in r.generate(SamplingParams(temperature=0), max_tokens=5, stop_at_eos=False)] == after
+        back = r.snapshot()
+    with Engine.open(demo_path, backend="cpu", ctx=256, memory_budget=2 * slot) as streamed:
+        s = streamed.session()
+        s.restore(back)
+        assert s.snapshot() == back
+
+
+def _pool_rss(pool: ExpertPool) -> int:
+    """Resident bytes of the pool's own mapping, from /proc/self/smaps."""
+    base = pool.address
+    rss, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()
+        if head and "-" in head[0] and len(head) >= 5 and all(c in "0123456789abcdef-" for c in head[0]):
+            lo, hi = (int(x, 16) for x in head[0].split("-"))
+            inside = lo <= base < hi
+        elif inside and line.startswith("Rss:"):
+            rss += int(line.split()[1]) * 1024
+    return rss
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="needs Linux's /proc/self/smaps")
+def test_the_pool_stays_within_its_budget_when_the_expert_set_changes(demo_path: Path) -> None:
+    slot = _slot(demo_path)
+    budget = 7 * slot + slot // 2  # not a whole number of slots: the half is never used
+    with Engine.open(demo_path, backend="cpu", ctx=256, memory_budget=budget) as e:
+        pool = e.parts.pool
+        assert pool.slots == 7 and pool.allocated <= budget
+        for prompt in PROMPTS:  # two prompts route to different experts
+            s = e.session()
+            s.sync(prompt)
+            for _ in s.generate(SamplingParams(temperature=0), max_tokens=4, stop_at_eos=False):
+                pass
+            assert len(pool.resident()) <= pool.slots
+            assert _pool_rss(pool) <= pool.allocated
+        stats = e.streaming()
+        assert stats["bytes_read"] > 7 * slot  # experts were evicted and read again
+
+
+def _direct_pool(path: Path, slots: int, policy: str = "lru") -> tuple[GGUFFile, ExpertPool]:
+    f = GGUFFile(path)
+    cfg = config_from_gguf(f)
+    return f, ExpertPool(f, cfg, slots * expertpool.slot_bytes(f, cfg), policy=policy)
+
+
+def _use(pool: ExpertPool, layer: int, *experts: int) -> None:
+    with pool.holding(layer, np.array(experts)):
+        pass
+
+
+def test_a_slot_holds_the_experts_bytes_from_the_file(demo_path: Path) -> None:
+    f, pool = _direct_pool(demo_path, 4)
+    try:
+        cfg = config_from_gguf(f)
+        layer, experts = cfg.n_layer - 1, [1, cfg.n_expert - 1]
+        with pool.holding(layer, np.array(experts)) as rows:
+            for name, table in (("gate", rows.gate), ("up", rows.up), ("down", rows.down)):
+                t = f.array(f"blk.{layer}.ffn_{name}_exps.weight")
+                for e in experts:
+                    assert ctypes.string_at(int(table[e]), t[e].nbytes) == t[e].tobytes()
+                assert table[0] == 0  # not held by this call
+            assert rows.F == f.tensors[f"blk.{layer}.ffn_gate_exps.weight"].shape[1]
+    finally:
+        pool.close()
+        f.close()
+
+
+def test_lru_evicts_the_least_recently_used(demo_path: Path) -> None:
+    f, pool = _direct_pool(demo_path, 3, "lru")
+    try:
+        for e in (0, 1, 2):
+            _use(pool, 4, e)
+        _use(pool, 4, 0)  # 1 is now the oldest
+        _use(pool, 4, 3)
+        assert pool.resident() == [(4, 0), (4, 2), (4, 3)]
+        assert (pool.stats.hits, pool.stats.misses) == (1, 4)
+    finally:
+        pool.close()
+        f.close()
+
+
+def test_lfu_keeps_the_often_used_and_ages_the_counts(demo_path: Path) -> None:
+    f, pool = _direct_pool(demo_path, 3, "lfu")
+    try:
+        for e in (0, 0, 0, 1, 2, 3):  # lru would evict 0 (the oldest use); lfu evicts 1 (used least, older than 2)
+            _use(pool, 4, e)
+        assert pool.resident() == [(4, 0), (4, 2), (4, 3)]
+        for _ in range(10):
+            _use(pool, 4, 0)
+        for _ in range(4):
+            _use(pool, 4, 2)
+            _use(pool, 4, 3)
+        # Without ageing 0 (13 uses) would stay and 2 (5 uses, older than 3) go; the counts are
+        # halved each time as many uses as there are slots have passed, so 0's old uses count
+        # for little now and the recent favourites stay.
+        _use(pool, 4, 6)
+        assert pool.resident() == [(4, 2), (4, 3), (4, 6)]
+    finally:
+        pool.close()
+        f.close()
+
+
+def test_a_call_holds_its_experts_while_it_runs(demo_path: Path) -> None:
+    f, pool = _direct_pool(demo_path, 2)
+    try:
+        with pool.holding(2, np.array([3, 4])):
+            assert pool.prefetch(2, np.array([5, 6])) == 0  # nothing free: no read ahead evicts them
+        with pytest.raises(ValueError, match="3 experts at once in a pool of 2"):
+            with pool.holding(2, np.array([3, 4, 5])):
+                pass
+        assert [len(s) for s in pool.spans(np.array([[5, 1], [1, 9], [3, -1]]))] == [2, 2]
+    finally:
+        pool.close()
+        f.close()
+
+
+def test_reads_ahead_are_counted_used_or_wasted(demo_path: Path) -> None:
+    f, pool = _direct_pool(demo_path, 4)
+    try:
+        assert pool.prefetch(1, np.array([7, 8, 9])) == 2  # at most half the pool
+        _use(pool, 1, 7)
+        assert (pool.stats.prefetched, pool.stats.prefetch_used, pool.stats.hits) == (2, 1, 1)
+        for e in (0, 1, 2, 3):  # evict 8 unused
+            _use(pool, 0, e)
+        assert pool.stats.wasted == 1
+    finally:
+        pool.close()
+        f.close()
+
+
+def test_a_failed_read_raises_in_the_call_and_frees_the_slot(demo_path: Path, monkeypatch) -> None:
+    f, pool = _direct_pool(demo_path, 2)
+    try:
+        real = f.read_into
+        calls = {"n": 0}
+
+        def failing(offset, out):
+            calls["n"] += 1
+            if calls["n"] == 1:
+                raise OSError(5, "Input/output error")
+            real(offset, out)
+
+        monkeypatch.setattr(f, "read_into", failing)
+        with pytest.raises(OSError, match="Input/output"):
+            _use(pool, 3, 1)
+        assert pool.resident() == []  # nothing half-read is kept
+        _use(pool, 3, 1)  # read again
+        assert pool.resident() == [(3, 1)]
+    finally:
+        pool.close()
+        f.close()
+
+
+def test_hash_layers_and_the_next_layer_are_read_ahead(demo_path: Path) -> None:
+    slot = _slot(demo_path)
+    with Engine.open(demo_path, backend="cpu", ctx=256, memory_budget=40 * slot) as e:
+        s = e.session()
+        s.sync(PROMPTS[1])
+        for _ in s.generate(SamplingParams(temperature=0), max_tokens=4, stop_at_eos=False):
+            pass
+        stats = e.streaming()
+    assert stats["prefetched"] > 0 and stats["prefetch_used"] > 0
+    assert stats["hits"] > stats["misses"]  # 40 of 96 slots, and most experts were asked for ahead
+
+
+def test_budgets_the_engine_refuses_in_one_line(demo_path: Path) -> None:
+    slot = _slot(demo_path)
+    with pytest.raises(EngineError, match="holds no routed expert"):
+        Engine.open(demo_path, backend="cpu", memory_budget=slot - 1)
+    with pytest.raises(EngineError, match="CPU kernels"):
+        Engine.open(demo_path, backend="cpu", kernels="reference", memory_budget=2 * slot)
+    with pytest.raises(EngineError, match="give bytes"):
+        Engine.open(demo_path, backend="cpu", memory_budget="a lot")
+    with Engine.open(demo_path, backend="cpu", memory_budget="1G") as e:  # everything fits: no pool
+        assert e.streaming() is None
+        assert "every routed expert fits" in e.info.devices[0]
+    with pytest.raises(PoolError, match="unknown eviction policy"):
+        _direct_pool(demo_path, 2, "fifo")
+
+
+def test_auto_streams_only_what_the_machine_cannot_hold(demo_path: Path, monkeypatch) -> None:
+    from ds4agent.engine.kernels import resident
+
+    with GGUFFile(demo_path) as f:
+        need = resident.plan(f, config_from_gguf(f), 256)
+    base = need.dense + need.kv + need.working
+    slot = _slot(demo_path)
+    monkeypatch.setattr(expertpool, "available_memory", lambda: (base + need.experts, "available memory"))
+    with Engine.open(demo_path, backend="cpu", ctx=256, memory_budget="auto") as e:
+        assert e.streaming() is None and e.info.devices == ()
+    monkeypatch.setattr(expertpool, "available_memory", lambda: (base + 10 * slot, "available memory"))
+    with Engine.open(demo_path, backend="cpu", ctx=256, memory_budget="auto") as e:
+        assert e.streaming()["slots"] == 10
+        assert e.info.devices[0].startswith("expert streaming: 10 of 96 routed experts resident")
+    monkeypatch.setattr(expertpool, "available_memory", lambda: (base + slot, "available memory"))
+    with pytest.raises(EngineError, match="the model does not fit: available memory is"):
+        Engine.open(demo_path, backend="cpu", ctx=256, memory_budget="auto")
+
+
+@pytest.mark.parametrize("text,value", [("auto", "auto"), ("8G", 8 << 30), ("8GiB", 8 << 30), ("8gb", 8 << 30),
+                                        ("512M", 512 << 20), ("1.5K", 1536), ("123", 123), (" 2T ", 2 << 40)])
+def test_budget_spellings(text: str, value) -> None:
+    assert settings.parse_budget(text) == value
+
+
+@pytest.mark.parametrize("text", ["", "G", "-1G", "0", "nan", "inf", "8X", "8 G B"])
+def test_budget_spellings_refused(text: str) -> None:
+    with pytest.raises(settings.SettingsError):
+        settings.parse_budget(text)
+
+
+def test_budget_from_the_environment_and_config(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("DS4_HOME", str(tmp_path))
+    monkeypatch.delenv("DS4_MEMORY_BUDGET", raising=False)
+    assert settings.memory_budget_choice() == "auto"
+    (tmp_path / "config.toml").write_text('memory_budget = "6G"\n')
+    assert settings.memory_budget_choice() == 6 << 30
+    (tmp_path / "config.toml").write_text("memory_budget = 4096\n")
+    assert settings.memory_budget_choice() == 4096
+    monkeypatch.setenv("DS4_MEMORY_BUDGET", "1M")
+    assert settings.memory_budget_choice() == 1 << 20
+    monkeypatch.delenv("DS4_MEMORY_BUDGET")
+    (tmp_path / "config.toml").write_text("memory_budget = true\n")
+    with pytest.raises(settings.SettingsError, match="'memory_budget' must be bytes"):
+        settings.memory_budget_choice()
+
+
+def _tree(root: Path, files: dict[str, str]) -> None:
+    for rel, text in files.items():
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+
+
+def test_cgroup_room_v1_counts_the_tightest_ancestor_without_page_cache(tmp_path: Path) -> None:
+    own = tmp_path / "self_cgroup"
+    own.write_text("9:name=systemd:/\n4:memory:/a/b\n0::/\n")
+    mem = tmp_path / "memory"
+    _tree(mem, {
+        "memory.limit_in_bytes": str(1 << 62), "memory.usage_in_bytes": "0", "memory.stat": "total_cache 0\n",
+        "a/memory.limit_in_bytes": "1000000", "a/memory.usage_in_bytes": "600000",
+        "a/memory.stat": "cache 1\ntotal_cache 100000\n",
+        "a/b/memory.limit_in_bytes": "9000000", "a/b/memory.usage_in_bytes": "10",
+        "a/b/memory.stat": "total_cache 0\n",
+    })
+    assert expertpool._cgroup_room(str(tmp_path), str(own)) == 1000000 - (600000 - 100000)
+
+
+def test_cgroup_room_v2_and_no_limit(tmp_path: Path) -> None:
+    own = tmp_path / "self_cgroup"
+    own.write_text("0::/user/job\n")
+    _tree(tmp_path, {
+        "memory.max": "max", "user/memory.max": "max",
+        "user/job/memory.max": "4096000", "user/job/memory.current": "96000",
+        "user/job/memory.stat": "anon 90000\nfile 6000\n",
+    })
+    assert expertpool._cgroup_room(str(tmp_path), str(own)) == 4096000 - 90000
+    (tmp_path / "user/job/memory.max").write_text("max\n")
+    assert expertpool._cgroup_room(str(tmp_path), str(own)) is None
+
+
+def test_ds4_says_what_streams_and_refuses_a_bad_budget(demo_path: Path, capsys) -> None:
+    from ds4agent.cli import main
+
+    slot = _slot(demo_path)
+    assert main(["-m", str(demo_path), "--backend", "cpu", "-p", "hi", "-n", "3", "--temp", "0",
+                 "--memory-budget", str(5 * slot)]) == 0
+    assert "expert streaming: 5 of 96 routed experts resident" in capsys.readouterr().err
+    assert main(["-m", str(demo_path), "-p", "hi", "--memory-budget", "lots"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "memory budget 'lots'" in err
