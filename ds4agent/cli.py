@@ -37,7 +37,8 @@ def _open_engine(path, args: argparse.Namespace, ctx: int, flag: str = "--ctx"):
     else:
         engine = Engine.open(path, backend=args.backend, ctx=ctx, kernels=args.kernels,
                              devices=getattr(args, "devices", None), w8a8=getattr(args, "w8a8", False),
-                             memory_budget=getattr(args, "memory_budget", None))
+                             memory_budget=getattr(args, "memory_budget", None),
+                             expert_profile=getattr(args, "expert_profile", None))
     trained = engine.info.config.context_length
     if trained and ctx > trained:
         engine.close()
@@ -108,6 +109,9 @@ def _add_engine(group: argparse._ActionsContainer) -> None:
                        help="memory for routed experts (8G, 512M, auto); past it they stream from the model file "
                             "(default $DS4_MEMORY_BUDGET, 'memory_budget' in config.toml, else auto: what the machine "
                             "has left; see docs/streaming.md)")
+    group.add_argument("--expert-profile", metavar="FILE", default=None,
+                       help="with experts streaming: start by reading the most used experts of this popularity "
+                            "profile (written by ds4 bench --save-profile)")
     group.add_argument("--devices", metavar="LIST", default=None,
                        help="--backend npu: devices to split the layers over, e.g. 0,1 (default 0; cpu runs it on "
                             "host torch)")
@@ -248,6 +252,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--gen-tokens", type=int, default=128, metavar="N")
     b.add_argument("--csv", metavar="FILE", help="write the CSV here instead of stdout")
     b.add_argument("--plot", metavar="FILE.png", help="draw prefill and generation t/s (needs matplotlib)")
+    b.add_argument("--save-profile", metavar="FILE",
+                   help="with experts streaming: write how often each expert was used, for --expert-profile")
     _add_engine(b)  # --kernels reference measures the MLX path
 
     ins = sub.add_parser("inspect", help="describe a model file without loading its weights")
@@ -266,6 +272,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--layers", type=int, default=2, metavar="N", help="shape preset: layers (default 2)")
     demo.add_argument("--experts", type=int, default=256, metavar="E",
                       help="shape preset: routed experts (default 256)")
+    demo.add_argument("--skew", type=float, default=0.0, metavar="S",
+                      help="shape preset: uneven expert popularity, Zipf-like with exponent S (0..8, default 0: "
+                           "uniform); see docs/streaming.md")
     demo.add_argument("--seed", type=int, default=0, help="random seed (same seed, same bytes)")
     demo.add_argument("--force", action="store_true", help="overwrite --out if it exists")
 
@@ -331,9 +340,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     if args.preset == "shape":
         try:
-            write_model(out, shape_config(args.layers, args.experts), "tiny", args.seed)
+            write_model(out, shape_config(args.layers, args.experts), "tiny", args.seed, skew=args.skew)
         except ValueError as e:
             raise UsageError(str(e)) from None
+    elif args.skew:
+        raise UsageError("--skew is an option of the shape preset")
     else:
         write_demo(out, args.preset, args.seed)
     from .ui.reports import fmt_gib
@@ -574,6 +585,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     note = benchmark.prefetch_note(engine)
     if note:
         _say(f"CPU kernels' prefetch: {note}")
+    note = benchmark.streaming_note(engine, sum(r.gen_tokens for r in rows))
+    if note:
+        _say(note)
+    if args.save_profile:
+        engine.save_expert_profile(args.save_profile)
+        _say(f"expert profile written to {args.save_profile}")
     if args.plot:
         benchmark.plot(rows, args.plot, f"{engine.info.name} ({engine.info.backend}, {engine.info.kernels} kernels)")
     return 0

@@ -85,6 +85,11 @@ def parse_budget(text: str) -> int | str:
     return int(value * _UNITS[unit])
 
 
+def pool_policy() -> str:
+    """$DS4_POOL_POLICY: how the expert pool evicts ("lru", the default, or "lfu")."""
+    return os.environ.get("DS4_POOL_POLICY") or "lru"
+
+
 def memory_budget_choice() -> int | str:
     """$DS4_MEMORY_BUDGET, else 'memory_budget' in config.toml, else "auto"."""
     text = os.environ.get("DS4_MEMORY_BUDGET")

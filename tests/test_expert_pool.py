@@ -244,7 +244,7 @@ def test_auto_streams_only_what_the_machine_cannot_hold(demo_path: Path, monkeyp
 
     with GGUFFile(demo_path) as f:
         need = resident.plan(f, config_from_gguf(f), 256)
-    base = need.dense + need.kv + need.working
+    base = need.dense + need.kv + expertpool.HOST_WORKING
     slot = _slot(demo_path)
     monkeypatch.setattr(expertpool, "available_memory", lambda: (base + need.experts, "available memory"))
     with Engine.open(demo_path, backend="cpu", ctx=256, memory_budget="auto") as e:
@@ -330,3 +330,63 @@ def test_ds4_says_what_streams_and_refuses_a_bad_budget(demo_path: Path, capsys)
     assert main(["-m", str(demo_path), "-p", "hi", "--memory-budget", "lots"]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "memory budget 'lots'" in err
+
+
+def test_a_popularity_profile_is_saved_and_preloads_the_most_used(demo_path: Path, tmp_path: Path) -> None:
+    slot = _slot(demo_path)
+    profile = tmp_path / "experts.json"
+    with Engine.open(demo_path, backend="cpu", ctx=256, memory_budget=6 * slot) as e:
+        s = e.session()
+        s.sync(PROMPTS[0])
+        e.save_expert_profile(profile)
+        uses = e.parts.pool.uses.copy()
+    assert uses.sum() > 0
+    hottest = sorted(divmod(int(k), uses.shape[1]) for k in np.argsort(-uses.reshape(-1), kind="stable")[:6])
+    with Engine.open(demo_path, backend="cpu", ctx=256, memory_budget=6 * slot, expert_profile=profile) as e:
+        assert e.info.devices[-1] == f"expert profile {profile}: reading its 6 most used experts"
+        pool = e.parts.pool
+        with pool.holding(0, np.array([], dtype=np.int64)):
+            pass
+        assert pool.resident() == hottest
+        assert e.streaming()["prefetched"] == 6
+    with Engine.open(demo_path, backend="cpu", ctx=256, expert_profile=profile) as e:  # nothing streams
+        assert "not needed" in e.info.devices[-1]
+        with pytest.raises(EngineError, match="no expert streams"):
+            e.save_expert_profile(tmp_path / "none.json")
+
+
+@pytest.mark.parametrize("text,why", [("{", "not JSON"), ('{"ds4agent_expert_profile": 9}', "of this version"),
+                                      ('{"ds4agent_expert_profile": 1, "fingerprint": 1}', "another model file")])
+def test_a_bad_profile_is_refused_in_one_line(demo_path: Path, tmp_path: Path, text: str, why: str) -> None:
+    p = tmp_path / "bad.json"
+    p.write_text(text)
+    with pytest.raises(EngineError, match=why):
+        Engine.open(demo_path, backend="cpu", memory_budget=4 * _slot(demo_path), expert_profile=p)
+    with pytest.raises(EngineError, match="cannot read the expert profile"):
+        Engine.open(demo_path, backend="cpu", memory_budget=4 * _slot(demo_path), expert_profile=tmp_path / "no")
+
+
+def test_damaged_profile_counts_are_refused(demo_path: Path, tmp_path: Path) -> None:
+    slot = _slot(demo_path)
+    p = tmp_path / "p.json"
+    with Engine.open(demo_path, backend="cpu", ctx=256, memory_budget=4 * slot) as e:
+        e.save_expert_profile(p)
+    import json
+
+    doc = json.loads(p.read_text())
+    doc["uses"] = doc["uses"][:-1]
+    p.write_text(json.dumps(doc))
+    with pytest.raises(EngineError, match="counts are damaged"):
+        Engine.open(demo_path, backend="cpu", memory_budget=4 * slot, expert_profile=p)
+
+
+def test_ds4_bench_reports_the_pool_and_saves_a_profile(demo_path: Path, tmp_path: Path, capsys) -> None:
+    from ds4agent.cli import main
+
+    out = tmp_path / "profile.json"
+    assert main(["bench", "-m", str(demo_path), "--backend", "cpu", "--ctx-start", "16", "--ctx-max", "32",
+                 "--step-incr", "16", "--gen-tokens", "2", "--memory-budget", str(8 * _slot(demo_path)),
+                 "--save-profile", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "expert pool: 8 of 96 experts resident" in err and f"expert profile written to {out}" in err
+    assert out.exists()

@@ -114,11 +114,29 @@ def _device_fit(f: GGUFFile, cfg: ModelConfig, backend: str, ctx: int, kernels: 
 
 
 def _expert_pool(f: GGUFFile, cfg: ModelConfig, backend: str, ctx: int, kernels: str | None,
-                 requested: int | str | None) -> tuple[ExpertPool | None, tuple[str, ...]]:
+                 requested: int | str | None, profile: str | os.PathLike[str] | None = None,
+                 ) -> tuple[ExpertPool | None, tuple[str, ...]]:
     """The expert pool when routed experts must stream from the file (engine/expertpool.py),
     and the line said at open. ``requested``: bytes, "auto" or None ($DS4_MEMORY_BUDGET, config,
     else auto). Auto gives the pool what the machine has left after the dense weights, the KV
-    at ``ctx`` and a prefill's working memory, and streams nothing when every expert fits too."""
+    at ``ctx`` and a prefill's working memory, and streams nothing when every expert fits too.
+    ``profile``: a popularity profile whose most used experts the pool starts reading at once."""
+    pool, lines = _expert_pool_sized(f, cfg, backend, ctx, kernels, requested)
+    if profile is None:
+        return pool, lines
+    if pool is None:
+        return None, (*lines, f"expert profile {profile}: not needed, no expert streams")
+    try:
+        uses = expertpool.load_profile(profile, _fingerprint(f), (cfg.n_layer, cfg.n_expert))
+        n = pool.preload(uses)
+    except expertpool.PoolError as e:
+        pool.close()
+        raise EngineError(str(e)) from None
+    return pool, (*lines, f"expert profile {profile}: reading its {n} most used experts")
+
+
+def _expert_pool_sized(f: GGUFFile, cfg: ModelConfig, backend: str, ctx: int, kernels: str | None,
+                       requested: int | str | None) -> tuple[ExpertPool | None, tuple[str, ...]]:
     from .. import settings
     from .kernels import resident
 
@@ -134,14 +152,15 @@ def _expert_pool(f: GGUFFile, cfg: ModelConfig, backend: str, ctx: int, kernels:
         available, what = expertpool.available_memory()
         if not cpu or available is None:
             return None, ()
-        budget = available - need.dense - need.kv - need.working
+        budget = available - need.dense - need.kv - expertpool.HOST_WORKING
         if need.experts <= budget:
             return None, ()
         floor = expertpool.slot_bytes(f, cfg) * cfg.n_expert_used
         if budget < floor:
             raise EngineError(f"the model does not fit: {what} is {gib(available)}, and the dense weights "
                               f"({gib(need.dense)}), the KV at {ctx} tokens ({gib(need.kv)}) and a prefill's working "
-                              f"memory ({gib(need.working)}) leave less than one layer's experts; a smaller --ctx "
+                              f"memory ({gib(expertpool.HOST_WORKING)}) leave less than one layer's experts; a "
+                              "smaller --ctx "
                               "frees KV")
         source = f"auto: {what} {gib(available)} less dense weights, KV and working memory"
     else:
@@ -154,7 +173,7 @@ def _expert_pool(f: GGUFFile, cfg: ModelConfig, backend: str, ctx: int, kernels:
                           "in the mapped file",)
         source = "--memory-budget"
     try:
-        pool = expertpool.ExpertPool(f, cfg, budget)
+        pool = expertpool.ExpertPool(f, cfg, budget, policy=settings.pool_policy())
     except expertpool.PoolError as e:
         raise EngineError(str(e)) from None
     total = cfg.n_layer * cfg.n_expert
@@ -183,12 +202,13 @@ class Parts:
 
 
 def mlx_parts(f: GGUFFile, cfg: ModelConfig, tok: Tokenizer, backend: str, ctx: int, qat_sim: bool,
-              is_flash: bool, kernels: str | None, memory_budget: int | str | None = None) -> Parts:
+              is_flash: bool, kernels: str | None, memory_budget: int | str | None = None,
+              expert_profile: str | os.PathLike[str] | None = None) -> Parts:
     """The MLX engine's parts over an opened model file on ``backend`` (as _pick_backend gave
     it): weights (with the expert pool when experts stream), the kernels (checked at open where
     they need it), the model."""
     memory = _device_fit(f, cfg, backend, ctx, kernels)  # before anything is copied to the device
-    pool, streaming = _expert_pool(f, cfg, backend, ctx, kernels, memory_budget)
+    pool, streaming = _expert_pool(f, cfg, backend, ctx, kernels, memory_budget, expert_profile)
     try:
         weights = Weights(f, cfg, pool)
         impl, note = select_kernels(backend, weights, kernels)
@@ -224,12 +244,15 @@ def _npu_parts(path, ctx: int, qat_sim: bool, kernels: str | None, devices: str 
 
 def open_parts(path: str | os.PathLike[str], backend: str = "auto", ctx: int = 32768, qat_sim: bool = True,
                kernels: str | None = None, devices: str | None = None, w8a8: bool = False,
-               memory_budget: int | str | None = None) -> Parts:
+               memory_budget: int | str | None = None, expert_profile: str | os.PathLike[str] | None = None) -> Parts:
     """The parts of Engine.open(...) (same arguments): a distributed group builds its own
     Engine from them, around this process's share."""
     if ctx < 2:
         raise EngineError(f"context size must be at least 2 tokens, got {ctx}")
     if backend == "npu":
+        if memory_budget not in (None, "auto") or expert_profile is not None:
+            raise EngineError("--memory-budget and --expert-profile stream experts for the CPU kernels; "
+                              "--backend npu keeps its experts on the devices")
         return _npu_parts(path, ctx, qat_sim, kernels, devices, w8a8)
     if devices is not None or w8a8:
         raise EngineError("--devices and --w8a8 are options of --backend npu")
@@ -237,7 +260,7 @@ def open_parts(path: str | os.PathLike[str], backend: str = "auto", ctx: int = 3
     mx.set_default_device(mx.cpu if chosen == "cpu" else mx.gpu)
     f, cfg, tok, flash = _read_model(path)
     return _closing_on_error(f, KernelError, lambda: mlx_parts(f, cfg, tok, chosen, ctx, qat_sim, flash, kernels,
-                                                               memory_budget))
+                                                               memory_budget, expert_profile))
 
 
 class Engine:
@@ -252,15 +275,17 @@ class Engine:
     @classmethod
     def open(cls, path: str | os.PathLike[str], backend: str = "auto", ctx: int = 32768,
              qat_sim: bool = True, kernels: str | None = None, devices: str | None = None,
-             w8a8: bool = False, memory_budget: int | str | None = None) -> "Engine":
+             w8a8: bool = False, memory_budget: int | str | None = None,
+             expert_profile: str | os.PathLike[str] | None = None) -> "Engine":
         """Open a DeepSeek V4 GGUF. Reads the header and vocabulary only; weights stay in the
         mmap and are materialised when first used. ``kernels`` picks the implementation of the
         heavy products (default $DS4_KERNELS or auto: the backend's fast kernels when usable).
         ``devices`` ("0,1", "cpu", ...) and ``w8a8`` are the npu backend's (docs/ascend.md).
         ``memory_budget`` (bytes, "8G", "auto"; default $DS4_MEMORY_BUDGET, config, auto) bounds
         the routed experts held in memory: beyond it they stream from the file
-        (docs/streaming.md)."""
-        return cls(open_parts(path, backend, ctx, qat_sim, kernels, devices, w8a8, memory_budget))
+        (docs/streaming.md); ``expert_profile`` names a popularity profile (save_expert_profile)
+        whose most used experts are read at once."""
+        return cls(open_parts(path, backend, ctx, qat_sim, kernels, devices, w8a8, memory_budget, expert_profile))
 
     @property
     def file(self) -> GGUFFile:
@@ -286,6 +311,17 @@ class Engine:
             return None
         return {**pool.stats.as_dict(), "slots": pool.slots, "slot_bytes": pool.slot_bytes,
                 "experts": self.info.config.n_layer * self.info.config.n_expert}
+
+    def save_expert_profile(self, path: str | os.PathLike[str]) -> None:
+        """Write how often each routed expert was asked for since open (a popularity profile
+        for ``expert_profile`` at a later open). EngineError when no expert streams."""
+        pool = self._parts.pool
+        if pool is None:
+            raise EngineError("no expert streams in this engine: there is no popularity profile to save")
+        try:
+            expertpool.save_profile(path, pool.uses, self.info.fingerprint)
+        except expertpool.PoolError as e:
+            raise EngineError(str(e)) from None
 
     def session(self, ctx: int | None = None) -> Session:
         """A new, empty session; ``ctx`` defaults to the context the engine was opened with."""

@@ -28,7 +28,9 @@ prefetches and reads may come from any.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import json
 import mmap
 import os
 import threading
@@ -47,6 +49,11 @@ GiB = 1 << 30
 ALIGN = 64  # each matrix of a slot starts on a cache line
 PAGE = mmap.PAGESIZE
 POLICIES = ("lru", "lfu")
+# What a prefill chunk's temporaries take on the CPU path beside the weights, the pool and the
+# KV (queries, scores, the expert kernels' buffers; glibc keeps freed blocks, engine/kernels/
+# cpu.py): measured as peak RSS above those on the 4-layer shape model, 256-token chunks
+# (bench/expert_pool.py prints it), with room to spare.
+HOST_WORKING = 768 << 20
 
 
 class PoolError(ValueError):
@@ -188,6 +195,8 @@ class ExpertPool:
         self._changed = threading.Condition(self._lock)  # a read finished
         self._readers = ThreadPoolExecutor(readers, thread_name_prefix="ds4-experts")
         self.stats = PoolStats()
+        # How often calls asked for each expert (not reads ahead): the popularity profile.
+        self.uses = np.zeros((cfg.n_layer, cfg.n_expert), dtype=np.int64)
 
     # -- what the kernels call -----------------------------------------------------------------
     @property
@@ -265,6 +274,29 @@ class ExpertPool:
             self.stats.prefetched += started
         return started
 
+    def preload(self, uses: np.ndarray) -> int:
+        """Start reading the most used experts of a popularity profile (``uses``: counts per
+        layer and expert, as ``self.uses``) into the empty slots, most used first, without
+        waiting. Returns how many reads it started."""
+        if uses.shape != self.uses.shape:
+            raise PoolError(f"a profile of {uses.shape[0]} layers x {uses.shape[1]} experts for a model of "
+                            f"{self.uses.shape[0]} x {self.uses.shape[1]}")
+        flat = uses.reshape(-1)
+        order = np.argsort(-flat, kind="stable")
+        started = 0
+        with self._lock:
+            for key in order[: self.slots].tolist():
+                if flat[key] <= 0:
+                    break
+                free = np.flatnonzero(self._last < 0)
+                if not len(free):
+                    break
+                if key not in self._where:
+                    self._load(int(free[0]), key, prefetch=True)
+                    started += 1
+            self.stats.prefetched += started
+        return started
+
     def close(self) -> None:
         self._readers.shutdown(wait=True)
         try:
@@ -304,6 +336,7 @@ class ExpertPool:
         slot.pins += 1
         self._busy[s] = True
         self._use(s)
+        self.uses.reshape(-1)[key] += 1
         return s
 
     def _use(self, s: int) -> None:
@@ -366,6 +399,48 @@ class ExpertPool:
             slot.loading = None
             self._busy[s] = slot.pins > 0
             self._changed.notify_all()
+
+
+# -- the popularity profile ---------------------------------------------------------------------
+PROFILE_FORMAT = 1
+
+
+def save_profile(path: str | os.PathLike[str], uses: np.ndarray, fingerprint: int) -> None:
+    """Write a popularity profile (JSON: the model's fingerprint and the use counts per layer and
+    expert), atomically: a file being replaced is never left half-written."""
+    doc = {"ds4agent_expert_profile": PROFILE_FORMAT, "fingerprint": int(fingerprint),
+           "layers": int(uses.shape[0]), "experts": int(uses.shape[1]), "uses": uses.astype(int).tolist()}
+    tmp = f"{os.fspath(path)}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(doc, fh)
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise PoolError(f"{path}: cannot write the expert profile: {e.strerror or e}") from None
+
+
+def load_profile(path: str | os.PathLike[str], fingerprint: int, shape: tuple[int, int]) -> np.ndarray:
+    """The use counts of a profile saved for this model (same fingerprint and shape)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            doc = json.load(fh)
+    except OSError as e:
+        raise PoolError(f"{path}: cannot read the expert profile: {e.strerror or e}") from None
+    except (ValueError, UnicodeDecodeError):
+        raise PoolError(f"{path}: not an expert profile (not JSON)") from None
+    if not isinstance(doc, dict) or doc.get("ds4agent_expert_profile") != PROFILE_FORMAT:
+        raise PoolError(f"{path}: not an expert profile of this version")
+    if doc.get("fingerprint") != fingerprint:
+        raise PoolError(f"{path}: the expert profile was made with another model file")
+    try:
+        uses = np.array(doc["uses"], dtype=np.int64)
+    except (KeyError, TypeError, ValueError, OverflowError):
+        raise PoolError(f"{path}: the expert profile's counts are damaged") from None
+    if uses.shape != shape or (uses < 0).any():
+        raise PoolError(f"{path}: the expert profile's counts are damaged")
+    return uses
 
 
 # -- the budget ---------------------------------------------------------------------------------

@@ -141,21 +141,47 @@ def _normal(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
     return rng.standard_normal(shape, dtype=np.float32)
 
 
-def _tensor_data(c: ModelConfig, name: str, dims: tuple[int, ...], qtype: int, seed: int) -> np.ndarray:
+# How strongly a skewed model's router bias favours its popular experts, per unit of skew: the
+# biased router scores of these random weights spread over about one unit, so a bias of
+# -0.25 * skew * ln(1 + rank) moves an expert down about as much as the spread itself by rank 50
+# at skew 1. The popularity it gives is measured, not promised (bench/expert_pool.py prints it).
+SKEW_BIAS = 0.25
+
+
+def popularity_ranks(c: ModelConfig, name: str, seed: int) -> np.ndarray:
+    """Each expert's rank in a skewed model's popularity at the layer of tensor ``name`` (0 the
+    most popular): a random order per layer, so that the favourites differ between layers."""
+    layer = name.split(".")[1]
+    return np.random.default_rng([seed, 7, int(layer)]).permutation(c.n_expert)
+
+
+def _tensor_data(c: ModelConfig, name: str, dims: tuple[int, ...], qtype: int, seed: int,
+                 skew: float = 0.0) -> np.ndarray:
+    """A tensor's bytes. ``skew`` > 0 makes routing uneven as in real models, an assumption of
+    Zipf-like popularity (an expert of rank r chosen about (1 + r)^-skew as often as the
+    first): the hash tables draw each token's experts with those weights (without
+    replacement), and the router bias lowers each expert by SKEW_BIAS * skew * ln(1 + r)."""
     rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
     shape = tuple(reversed(dims))
     fan_in = dims[0]
     short = name.split(".", 2)[2] if name.startswith("blk.") else name
     base = short.rsplit(".", 1)[0]  # "blk.3.indexer.proj.weight" -> "indexer.proj"
     if qtype == Q.I32:  # hash routing table: distinct experts per token
-        order = np.argsort(rng.random((shape[0], c.n_expert)), axis=1)[:, : c.n_expert_used]
+        keys = rng.random((shape[0], c.n_expert))
+        if skew > 0:  # Gumbel keys: the top k are a draw without replacement by these weights
+            logw = -skew * np.log1p(popularity_ranks(c, name, seed))
+            keys = logw[None, :] - np.log(-np.log(np.maximum(keys, 1e-300)))
+        order = np.argsort(-keys if skew > 0 else keys, axis=1)[:, : c.n_expert_used]
         return order.astype("<i4")
     if qtype == Q.F32:
         if base.endswith("norm"):
             return (1.0 + 0.1 * _normal(rng, shape)).astype("<f4")
         if base in ("hc_attn_scale", "hc_ffn_scale", "output_hc_scale"):
             return (0.5 + 0.5 * rng.random(shape, dtype=np.float32)).astype("<f4")
-        return (0.2 * _normal(rng, shape)).astype("<f4")  # HC bases, sinks, router bias
+        bias = 0.2 * _normal(rng, shape)  # HC bases, sinks, router bias
+        if base == "exp_probs_b" and skew > 0:
+            bias = bias - SKEW_BIAS * skew * np.log1p(popularity_ranks(c, name, seed)).astype(np.float32)
+        return bias.astype("<f4")
     if name == "token_embd.weight":
         return _normal(rng, shape).astype("<f2")
     if name == "output.weight":
@@ -231,10 +257,13 @@ def _metadata(c: ModelConfig, vocab: Vocab, preset: str, seed: int) -> dict:
 
 
 def write_model(path: str | os.PathLike[str], c: ModelConfig, preset: str = "tiny", seed: int = 0,
-                with_data: bool = True) -> Path:
+                with_data: bool = True, skew: float = 0.0) -> Path:
     """Write a deepseek4 GGUF of shape ``c`` with the real vocabulary and quant mix (experts
     IQ2_XXS/Q2_K, or Q4_K for preset "q4"). ``with_data=False`` writes the header and leaves
-    the tensor data as a sparse hole: the real 81 GiB layout costs a few MB of disk."""
+    the tensor data as a sparse hole: the real 81 GiB layout costs a few MB of disk. ``skew``:
+    uneven expert popularity (see _tensor_data); only the routing tensors differ from skew 0."""
+    if not 0 <= skew <= 8:
+        raise ValueError(f"skew must be in 0..8, got {skew}")
     if preset not in PRESETS:
         raise ValueError(f"unknown demo preset {preset!r} (choose from {', '.join(PRESETS)})")
     vocab = official_vocab()
@@ -251,11 +280,40 @@ def write_model(path: str | os.PathLike[str], c: ModelConfig, preset: str = "tin
                 qtype = Q.Q2_K
             else:
                 (qtype,) = spec.types
-            data = _tensor_data(c, name, spec.dims, qtype, seed) if with_data else None
+            data = _tensor_data(c, name, spec.dims, qtype, seed, skew) if with_data else None
             yield name, int(qtype), spec.dims, data
 
+    # The skew is not in the metadata: a skewed copy (write_skewed_copy) is then the same file.
     write_gguf(path, _metadata(c, vocab, preset, seed), tensors())
     return Path(path)
+
+
+def write_skewed_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], skew: float, seed: int = 0) -> Path:
+    """``dst``: the model generated from ``src``'s config with ``skew`` (the same bytes as
+    write_model(..., skew=skew) would write), made by copying ``src`` (generated with ``seed``
+    and skew 0) and rewriting only the routing tensors that skew changes: minutes of random
+    blocks saved on a shape model of several GB."""
+    import shutil
+
+    from .config import config_from_gguf
+    from .gguf import GGUFFile
+
+    if not 0 < skew <= 8:
+        raise ValueError(f"skew must be in (0, 8], got {skew}")
+    with GGUFFile(src) as f:
+        c = config_from_gguf(f)
+        if f"seed {seed}, generator v{GENERATOR_VERSION}" not in str(f.get("general.description", "")):
+            raise ValueError(f"{src}: not a model this generator wrote with seed {seed} (see its description)")
+        patches = [(t.offset, _tensor_data(c, name, t.dims, t.type, seed, skew)) for name, t in f.tensors.items()
+                   if name.endswith("exp_probs_b.bias") or name.endswith("ffn_gate_tid2eid.weight")]
+    tmp = Path(f"{dst}.tmp")
+    shutil.copyfile(src, tmp)
+    with open(tmp, "r+b") as out:
+        for offset, data in patches:
+            out.seek(offset)
+            out.write(np.ascontiguousarray(data).tobytes())
+    os.replace(tmp, dst)
+    return Path(dst)
 
 
 def shape_config(n_layer: int, n_expert: int = 256) -> ModelConfig:

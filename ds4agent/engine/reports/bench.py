@@ -88,6 +88,20 @@ def prefetch_note(engine: Engine) -> str | None:
     return p.describe() if p else None
 
 
+def streaming_note(engine: Engine, decoded: int) -> str | None:
+    """With experts streaming: how the pool did over the whole run (hit rate, reads ahead used
+    and wasted, bytes read, time waited); None when nothing streams."""
+    s = engine.streaming()
+    if s is None:
+        return None
+    per = ""
+    if decoded:
+        per = f" ({s['bytes_read'] / decoded / 2**20:.0f} MiB per decoded token, prefill included)"
+    return (f"expert pool: {s['slots']} of {s['experts']} experts resident, {100 * s['hit_rate']:.1f}% of those "
+            f"asked for found, {s['bytes_read'] / 2**30:.2f} GiB read{per}, reads ahead {s['prefetch_used']} used "
+            f"and {s['wasted']} wasted of {s['prefetched']}, {s['stall_s']:.1f} s waited for reads")
+
+
 def run(engine: Engine, ids: list[int], points: list[int], gen_tokens: int,
         progress: Callable[[int, int, Row], None] | None = None) -> list[Row]:
     s = engine.session()
