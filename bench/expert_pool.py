@@ -161,6 +161,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--modes", default="mmap,pool", help="mmap, pool (DS4_POOL_POLICY's), pool-lru, pool-lfu")
+    ap.add_argument("--repeat", type=int, default=1, help="runs of each mode, alternating; medians reported")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--mode", default="pool", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -181,7 +182,8 @@ def main() -> None:
     for model in models:
         for frac in [float(x) for x in a.caps.split(",")]:
             cap = int(size * frac)
-            for mode in a.modes.split(","):
+            decode: dict[str, list[float]] = {}
+            for mode in [m for _ in range(a.repeat) for m in a.modes.split(",")]:
                 r = run_one(model, mode, cap, a)
                 label = f"{Path(model).name} cap {'none' if not cap else f'{cap / 2**30:.2f} GiB'} {mode}"
                 if "error" in r:
@@ -199,6 +201,12 @@ def main() -> None:
                     line += f"; cgroup peak {r['peak'] / 2**30:.2f} GiB, limit hit {r.get('limit_hits')} times"
                 line += f"; top tenth of experts took {r['tenth']}"
                 print(line, flush=True)
+                decode.setdefault(mode, []).append(r["decode_tps"])
+            if a.repeat > 1:
+                med = {m: sorted(v)[len(v) // 2] for m, v in decode.items()}
+                ratio = f", pool/mmap {med['pool'] / med['mmap']:.2f}" if {"pool", "mmap"} <= med.keys() else ""
+                print(f"{Path(model).name} cap {frac:g}: median decode " +
+                      ", ".join(f"{m} {v:.2f} t/s" for m, v in med.items()) + ratio, flush=True)
 
 
 if __name__ == "__main__":

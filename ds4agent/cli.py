@@ -263,6 +263,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="also load the model with kernels K (default auto) and print their self-check against the "
                           "reference (each case, its error, its time)")
     ins.add_argument("--backend", choices=BACKENDS, default="auto", help="backend for --kernels (default auto)")
+    ins.add_argument("--memory-budget", metavar="BYTES|auto", default=None,
+                     help="say what would stream under this budget (default as when running: auto)")
 
     demo = sub.add_parser("demo", help="generate a tiny random-weight DeepSeek V4 GGUF in the real layout")
     demo.add_argument("--out", metavar="PATH", help="where to write it (default: the cached demo model)")
@@ -315,6 +317,14 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     path = resolve_model(args.model).path if args.model is None else Path(args.model)
     r = describe(path)
     lines = inspect_lines(r, args.tensors)
+    if r.usable:
+        from .engine import EngineError, streaming_plan
+
+        try:
+            plan = streaming_plan(path, memory_budget=args.memory_budget)
+        except EngineError as e:
+            plan = str(e)
+        lines.append(f"memory (CPU kernels, this machine): {plan}")
     if args.kernels is not None and r.usable:
         from .engine import kernel_report
 

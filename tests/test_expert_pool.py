@@ -390,3 +390,35 @@ def test_ds4_bench_reports_the_pool_and_saves_a_profile(demo_path: Path, tmp_pat
     err = capsys.readouterr().err
     assert "expert pool: 8 of 96 experts resident" in err and f"expert profile written to {out}" in err
     assert out.exists()
+
+
+def test_guessed_reads_stop_while_guesses_are_wrong_and_are_tried_again(demo_path: Path) -> None:
+    f, pool = _direct_pool(demo_path, 8)
+    try:
+        for wrong in ([10, 11], [12, 13]):  # two rounds of guesses the calls do not use
+            assert pool.prefetch(5, np.array(wrong), guess=True) == 2
+            _use(pool, 5, 0)
+        assert pool.prefetch(5, np.array([14, 15]), guess=True) == 0  # the layer stopped guessing
+        assert pool.stats.guesses_skipped == 1
+        assert pool.prefetch(5, np.array([14]), guess=False) == 1  # experts known from the ids: always read
+        started = [pool.prefetch(5, np.array([3]), guess=True) for _ in range(expertpool.PROBE_EVERY)]
+        assert sorted(started) == [0] * (expertpool.PROBE_EVERY - 1) + [1]  # one probe in every PROBE_EVERY
+        _use(pool, 5, 3)  # the probe came true
+        assert pool.prefetch(5, np.array([4]), guess=True) == 1  # guessing again
+        assert pool.prefetch(4, np.array([4]), guess=True) == 1  # other layers never stopped
+    finally:
+        pool.close()
+        f.close()
+
+
+def test_inspect_says_what_would_stream_here(demo_path: Path, capsys) -> None:
+    from ds4agent.cli import main
+
+    slot = _slot(demo_path)
+    assert main(["inspect", str(demo_path)]) == 0
+    assert "memory (CPU kernels, this machine): every routed expert fits" in capsys.readouterr().out
+    assert main(["inspect", str(demo_path), "--memory-budget", str(9 * slot)]) == 0
+    out = capsys.readouterr().out
+    assert "memory (CPU kernels, this machine): 9 of 96 routed experts resident at a time" in out
+    assert main(["inspect", str(demo_path), "--memory-budget", "10"]) == 0  # a budget below one expert
+    assert "holds no routed expert" in capsys.readouterr().out

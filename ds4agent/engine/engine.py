@@ -135,8 +135,10 @@ def _expert_pool(f: GGUFFile, cfg: ModelConfig, backend: str, ctx: int, kernels:
     return pool, (*lines, f"expert profile {profile}: reading its {n} most used experts")
 
 
-def _expert_pool_sized(f: GGUFFile, cfg: ModelConfig, backend: str, ctx: int, kernels: str | None,
-                       requested: int | str | None) -> tuple[ExpertPool | None, tuple[str, ...]]:
+def _streaming_budget(f: GGUFFile, cfg: ModelConfig, cpu: bool, ctx: int,
+                      requested: int | str | None) -> tuple[int | None, str]:
+    """(the pool's budget, or None when nothing streams; what to say about it). EngineError,
+    one line, for a budget that cannot work."""
     from .. import settings
     from .kernels import resident
 
@@ -145,42 +147,63 @@ def _expert_pool_sized(f: GGUFFile, cfg: ModelConfig, backend: str, ctx: int, ke
             settings.parse_budget(requested) if isinstance(requested, str) else requested)
     except settings.SettingsError as e:
         raise EngineError(str(e)) from None
-    cpu = backend == "cpu" and (kernels or settings.kernels_choice()) in ("auto", "cpu", "cpu-exact")
     need = resident.plan(f, cfg, ctx)
     gib = expertpool.size_text
     if requested == "auto":
         available, what = expertpool.available_memory()
         if not cpu or available is None:
-            return None, ()
+            return None, "routed experts in the mapped file (streaming is for the CPU kernels)" if not cpu else ""
         budget = available - need.dense - need.kv - expertpool.HOST_WORKING
         if need.experts <= budget:
-            return None, ()
-        floor = expertpool.slot_bytes(f, cfg) * cfg.n_expert_used
-        if budget < floor:
+            return None, (f"every routed expert fits: {gib(need.experts)} in the {gib(budget)} that {what} "
+                          f"({gib(available)}) leaves after dense weights, KV and working memory; nothing streams")
+        if budget < expertpool.slot_bytes(f, cfg) * cfg.n_expert_used:
             raise EngineError(f"the model does not fit: {what} is {gib(available)}, and the dense weights "
                               f"({gib(need.dense)}), the KV at {ctx} tokens ({gib(need.kv)}) and a prefill's working "
                               f"memory ({gib(expertpool.HOST_WORKING)}) leave less than one layer's experts; a "
-                              "smaller --ctx "
-                              "frees KV")
-        source = f"auto: {what} {gib(available)} less dense weights, KV and working memory"
-    else:
-        if not cpu:
-            raise EngineError("--memory-budget streams routed experts for the CPU kernels (--backend cpu); the "
-                              "GPU kernels keep every expert on the device")
-        budget = int(requested)
-        if need.experts <= budget:
-            return None, (f"memory budget {gib(budget)}: every routed expert fits ({gib(need.experts)}); they stay "
-                          "in the mapped file",)
-        source = "--memory-budget"
+                              "smaller --ctx frees KV")
+        return budget, f"auto: {what} {gib(available)} less dense weights, KV and working memory"
+    if not cpu:
+        raise EngineError("--memory-budget streams routed experts for the CPU kernels (--backend cpu); the "
+                          "GPU kernels keep every expert on the device")
+    if need.experts <= requested:
+        return None, (f"memory budget {gib(requested)}: every routed expert fits ({gib(need.experts)}); they stay "
+                      "in the mapped file")
+    return int(requested), "--memory-budget"
+
+
+def _expert_pool_sized(f: GGUFFile, cfg: ModelConfig, backend: str, ctx: int, kernels: str | None,
+                       requested: int | str | None) -> tuple[ExpertPool | None, tuple[str, ...]]:
+    from .. import settings
+
+    cpu = backend == "cpu" and (kernels or settings.kernels_choice()) in ("auto", "cpu", "cpu-exact")
+    budget, said = _streaming_budget(f, cfg, cpu, ctx, requested)
+    if budget is None:  # auto says nothing at open when nothing streams; a given budget does
+        return None, (said,) if said and requested not in (None, "auto") else ()
     try:
         pool = expertpool.ExpertPool(f, cfg, budget, policy=settings.pool_policy())
     except expertpool.PoolError as e:
         raise EngineError(str(e)) from None
     total = cfg.n_layer * cfg.n_expert
-    line = (f"expert streaming: {pool.slots} of {total} routed experts resident ({gib(pool.allocated)} of "
-            f"{gib(need.experts)}; {source}), the rest read from the file as routed; dense weights "
-            f"{expertpool.lock_dense(f)}")
+    line = (f"expert streaming: {pool.slots} of {total} routed experts resident ({expertpool.size_text(pool.allocated)}"
+            f" of {expertpool.size_text(expertpool.expert_bytes(f, cfg))}; {said}), the rest read from the file as "
+            f"routed; dense weights {expertpool.lock_dense(f)}")
     return pool, (line,)
+
+
+def streaming_plan(path: str | os.PathLike[str], ctx: int = 32768, memory_budget: int | str | None = None) -> str:
+    """What the CPU kernels would keep resident and what they would stream for this model file
+    on this machine (``ds4 inspect``): reads the header only, allocates nothing."""
+    f, cfg, _, _ = _read_model(path)
+    try:
+        budget, said = _streaming_budget(f, cfg, True, ctx, memory_budget)
+        if budget is None:
+            return said
+        slots = min(budget // expertpool.slot_bytes(f, cfg), cfg.n_layer * cfg.n_expert)
+        return (f"{slots} of {cfg.n_layer * cfg.n_expert} routed experts resident at a time, the rest streamed "
+                f"from the file ({said}; at --ctx {ctx})")
+    finally:
+        f.close()
 
 
 @dataclass(frozen=True)
@@ -340,4 +363,4 @@ class Engine:
         self.close()
 
 
-__all__ = ["Engine", "EngineError", "EngineInfo", "GGUFError", "Parts", "mlx_parts", "open_parts"]
+__all__ = ["Engine", "EngineError", "EngineInfo", "GGUFError", "Parts", "mlx_parts", "open_parts", "streaming_plan"]

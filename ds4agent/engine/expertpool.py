@@ -49,6 +49,13 @@ GiB = 1 << 30
 ALIGN = 64  # each matrix of a slot starts on a cache line
 PAGE = mmap.PAGESIZE
 POLICIES = ("lru", "lfu")
+# Reads ahead on a guess (the next layer's router applied early) are issued only while enough
+# of them turn out right: a wrong guess costs a whole expert's read that a real miss may wait
+# behind. Below this share of the guessed reads used by the call they were made for, a layer
+# stops guessing, and tries again every PROBE_EVERY calls to see whether that changed.
+# (Measured on the skewed 4-layer shape model under a 50% memory cap: bench/expert_pool.py.)
+GUESS_FLOOR = 0.5
+PROBE_EVERY = 8
 # What a prefill chunk's temporaries take on the CPU path beside the weights, the pool and the
 # KV (queries, scores, the expert kernels' buffers; glibc keeps freed blocks, engine/kernels/
 # cpu.py): measured as peak RSS above those on the 4-layer shape model, 256-token chunks
@@ -139,6 +146,7 @@ class PoolStats:
     hits: int = 0  # experts a call found in the pool
     misses: int = 0  # experts a call had to read (or wait for: counted in stall)
     prefetched: int = 0  # reads issued ahead of a call
+    guesses_skipped: int = 0  # guesses not read ahead: that layer's guesses were mostly wrong
     prefetch_used: int = 0  # of those, found by a call before being evicted
     wasted: int = 0  # of those, evicted unused
     bytes_read: int = 0
@@ -197,6 +205,11 @@ class ExpertPool:
         self.stats = PoolStats()
         # How often calls asked for each expert (not reads ahead): the popularity profile.
         self.uses = np.zeros((cfg.n_layer, cfg.n_expert), dtype=np.int64)
+        # Per layer: the experts read ahead on a guess for its next call, the moving share of
+        # such reads that call used, and how many guesses were offered.
+        self._guessed: list[set[int]] = [set() for _ in range(cfg.n_layer)]
+        self._guess_share = np.ones(cfg.n_layer)
+        self._guesses = np.zeros(cfg.n_layer, dtype=np.int64)
 
     # -- what the kernels call -----------------------------------------------------------------
     @property
@@ -230,6 +243,11 @@ class ExpertPool:
             waits: list[Future] = []
             with self._lock:
                 self.stats.calls += 1
+                guessed = self._guessed[layer]
+                if guessed:  # how many of the guessed reads this call uses
+                    share = len(guessed.intersection(experts)) / len(guessed)
+                    self._guess_share[layer] = 0.7 * self._guess_share[layer] + 0.3 * share
+                    guessed.clear()
                 for e in experts:
                     s = self._take(layer * n + e, pin=True)
                     held.append(s)
@@ -252,13 +270,20 @@ class ExpertPool:
                     self._busy[s] = slot.pins > 0 or slot.loading is not None
                 self._changed.notify_all()
 
-    def prefetch(self, layer: int, experts: np.ndarray) -> int:
+    def prefetch(self, layer: int, experts: np.ndarray, guess: bool = False) -> int:
         """Start reading ``experts`` of ``layer`` (most wanted first) into slots that nothing
         holds, without waiting: as many as fit beside what calls hold, at most half the pool
-        (the rest keeps what is in use). Returns how many reads it started."""
+        (the rest keeps what is in use). ``guess``: the experts are a prediction (not known
+        from the token ids), read only while that layer's predictions mostly come true (see
+        GUESS_FLOOR). Returns how many reads it started."""
         n = self.cfg.n_expert
         started = 0
         with self._lock:
+            if guess:
+                self._guesses[layer] += 1
+                if self._guess_share[layer] < GUESS_FLOOR and self._guesses[layer] % PROBE_EVERY:
+                    self.stats.guesses_skipped += 1
+                    return 0
             room = self.slots // 2
             for e in experts:
                 key = layer * n + int(e)
@@ -271,6 +296,8 @@ class ExpertPool:
                     break
                 self._load(s, key, prefetch=True)
                 started += 1
+                if guess:
+                    self._guessed[layer].add(int(e))
             self.stats.prefetched += started
         return started
 

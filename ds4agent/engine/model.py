@@ -399,7 +399,7 @@ class Model:
                 prob = prob + np.array(to(NP, self.param(p + "exp_probs_b.bias")))
             guess = np.argsort(-prob, axis=1, kind="stable")[:, : self.cfg.n_expert_used]
         experts, counts = np.unique(guess, return_counts=True)
-        pool.prefetch(i, experts[np.argsort(-counts, kind="stable")])
+        pool.prefetch(i, experts[np.argsort(-counts, kind="stable")], guess=not self.cfg.is_hash_layer(i))
 
     def _own_experts(self, i: int, f, sel: np.ndarray, weights, clamp: float):
         """The routed FFN over only the chosen slots whose expert this process holds: each such
