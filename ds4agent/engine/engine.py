@@ -169,6 +169,9 @@ def _streaming_budget(f: GGUFFile, cfg: ModelConfig, cpu: bool, ctx: int,
     if need.experts <= requested:
         return None, (f"memory budget {gib(requested)}: every routed expert fits ({gib(need.experts)}); they stay "
                       "in the mapped file")
+    if requested < expertpool.slot_bytes(f, cfg):
+        raise EngineError(f"a memory budget of {gib(requested)} holds no routed expert (one takes "
+                          f"{gib(expertpool.slot_bytes(f, cfg))})")
     return int(requested), "--memory-budget"
 
 

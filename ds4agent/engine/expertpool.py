@@ -326,6 +326,7 @@ class ExpertPool:
 
     def close(self) -> None:
         self._readers.shutdown(wait=True)
+        self._buf = None  # our own view of the mapping, which would keep it open
         try:
             self._mem.close()
         except BufferError:  # a caller still holds ExpertRows over it; freed when dropped
