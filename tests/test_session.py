@@ -94,26 +94,29 @@ def test_experts_are_gathered_not_materialised(demo_path, monkeypatch) -> None:
 
 
 def test_cpu_kernels_read_experts_in_place(demo_path, monkeypatch) -> None:
-    """The native kernels get the expert tensors as views of the model file's mmap (no copy),
-    and nothing expert-sized is materialised."""
+    """The native kernels find the experts through addresses in the model file's mmap (no
+    copy), and nothing expert-sized is materialised."""
     from ds4agent.engine.kernels import cpu
 
     calls = []
-    real = cpu.moe_raw
+    real = cpu.moe_rows
 
-    def spy(x, sel, route_w, gate, up, gu_type, down, d_type, clamp, int8=True):
-        calls.append((gate, up, down))
-        return real(x, sel, route_w, gate, up, gu_type, down, d_type, clamp, int8)
+    def spy(x, sel, route_w, rows, clamp, int8=True, into=None):
+        calls.append(rows)
+        return real(x, sel, route_w, rows, clamp, int8, into)
 
-    monkeypatch.setattr(cpu, "moe_raw", spy)
+    monkeypatch.setattr(cpu, "moe_rows", spy)
     with Engine.open(demo_path, backend="cpu", ctx=64, kernels="cpu") as e:
         e.session().sync([11, 22, 33])
         mm = np.frombuffer(e.file.raw("blk.0.ffn_gate_exps.weight"), dtype=np.uint8)
         assert len(calls) == e.info.config.n_layer
-        for arrays in calls:
-            for a in arrays:
+        for rows in calls:
+            for a in rows.keep:
                 assert not a.flags.owndata and not a.flags.writeable  # read-only views of the file
-        assert np.shares_memory(calls[0][0], mm)
+        gate = calls[0].keep[0]
+        assert np.shares_memory(gate, mm)
+        expect = gate.ctypes.data + np.arange(gate.shape[0], dtype=np.uint64) * gate.strides[0]
+        assert np.array_equal(calls[0].gate, expect)  # expert e's first row, in the mapping
         assert e.model.w.materialised_bytes() < 2**20  # norms and small vectors only
 
 

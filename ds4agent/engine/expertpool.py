@@ -48,6 +48,7 @@ from ..modelfile.gguf import GGUFFile
 GiB = 1 << 30
 ALIGN = 64  # each matrix of a slot starts on a cache line
 PAGE = mmap.PAGESIZE
+MLOCK_ONFAULT = 1  # linux/mman.h
 POLICIES = ("lru", "lfu")
 # Reads ahead on a guess (the next layer's router applied early) are issued only while enough
 # of them turn out right: a wrong guess costs a whole expert's read that a real miss may wait
@@ -549,28 +550,28 @@ def _room_at(folder: str, limit_file: str, usage_file: str, cache_key: str) -> i
 
 
 def lock_dense(f: GGUFFile) -> str:
-    """Lock the dense weights' pages of the mapped file in memory (every token reads them; under
-    pressure the OS would otherwise evict them before anything else). Returns what happened, for
-    the line said at open: where mlock is refused (RLIMIT_MEMLOCK, ``ulimit -l``) they stay
-    mapped but unlocked."""
+    """Lock the dense weights' pages of the mapped file in memory as they are first read (every
+    token reads them; under pressure the OS would otherwise evict them before anything else).
+    Linux's mlock2(MLOCK_ONFAULT) locks each page when it faults in, so opening still reads
+    nothing; where it is missing (macOS, old kernels) or refused (RLIMIT_MEMLOCK, ``ulimit -l``)
+    the weights stay mapped but unlocked, and the returned text, said at open, says so."""
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        mlock = libc.mlock
+        mlock2 = ctypes.CDLL(None, use_errno=True).mlock2
     except (OSError, AttributeError):
-        return "not locked (no mlock here)"
-    mlock.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        return "not locked (this system has no mlock2 to lock them as they are read)"
+    mlock2.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     total = 0
     for name, t in f.tensors.items():
         if not is_dense(name):
             continue
         addr = f.array(name).ctypes.data
         start = addr // PAGE * PAGE
-        if mlock(start, addr + t.nbytes - start) != 0:
+        if mlock2(start, addr + t.nbytes - start, MLOCK_ONFAULT) != 0:
             err = ctypes.get_errno()
             return (f"not locked ({os.strerror(err)}; raise 'ulimit -l' to lock them): the OS may evict them "
                     "under memory pressure")
         total += t.nbytes
-    return f"locked in memory ({size_text(total)})"
+    return f"locked in memory as they are read ({size_text(total)})"
 
 
 def is_dense(name: str) -> bool:
