@@ -242,20 +242,27 @@ def test_budgets_the_engine_refuses_in_one_line(demo_path: Path) -> None:
 def test_auto_streams_only_what_the_machine_cannot_hold(demo_path: Path, monkeypatch) -> None:
     from ds4agent.engine.kernels import resident
 
-    with GGUFFile(demo_path) as f:
-        need = resident.plan(f, config_from_gguf(f), 256)
-    base = need.dense + need.kv + expertpool.HOST_WORKING
     slot = _slot(demo_path)
-    monkeypatch.setattr(expertpool, "available_memory", lambda: (base + need.experts, "available memory"))
+
+    def machine_with(ctx: int, extra: int | None) -> None:
+        """As if the machine had exactly the room for the dense weights, the KV at ``ctx``, the
+        working memory and ``extra`` bytes of experts (every expert: None)."""
+        with GGUFFile(demo_path) as f:
+            need = resident.plan(f, config_from_gguf(f), ctx)
+        room = need.dense + need.kv + expertpool.HOST_WORKING + (need.experts if extra is None else extra)
+        monkeypatch.setattr(expertpool, "available_memory", lambda: (room, "available memory"))
+
+    # (each open has its own context size: the mutation runner reuses engines opened alike)
+    machine_with(256, None)
     with Engine.open(demo_path, backend="cpu", ctx=256, memory_budget="auto") as e:
         assert e.streaming() is None and e.info.devices == ()
-    monkeypatch.setattr(expertpool, "available_memory", lambda: (base + 10 * slot, "available memory"))
-    with Engine.open(demo_path, backend="cpu", ctx=256, memory_budget="auto") as e:
+    machine_with(255, 10 * slot)
+    with Engine.open(demo_path, backend="cpu", ctx=255, memory_budget="auto") as e:
         assert e.streaming()["slots"] == 10
         assert e.info.devices[0].startswith("expert streaming: 10 of 96 routed experts resident")
-    monkeypatch.setattr(expertpool, "available_memory", lambda: (base + slot, "available memory"))
+    machine_with(254, slot)
     with pytest.raises(EngineError, match="the model does not fit: available memory is"):
-        Engine.open(demo_path, backend="cpu", ctx=256, memory_budget="auto")
+        Engine.open(demo_path, backend="cpu", ctx=254, memory_budget="auto")
 
 
 @pytest.mark.parametrize("text,value", [("auto", "auto"), ("8G", 8 << 30), ("8GiB", 8 << 30), ("8gb", 8 << 30),
