@@ -7,6 +7,7 @@ leaves nothing half-filled; the budget is chosen from the machine or refused in 
 from __future__ import annotations
 
 import ctypes
+import os
 from pathlib import Path
 
 import numpy as np
@@ -429,3 +430,145 @@ def test_inspect_says_what_would_stream_here(demo_path: Path, capsys) -> None:
     assert "memory (CPU kernels, this machine): 9 of 96 routed experts resident at a time" in out
     assert main(["inspect", str(demo_path), "--memory-budget", "10"]) == 0  # a budget below one expert
     assert "holds no routed expert" in capsys.readouterr().out
+
+
+@pytest.fixture(scope="module")
+def wide_path(tmp_path_factory) -> Path:
+    """A tiny model whose experts are wider than the hidden size (hidden 256, expert 512), with
+    3 experts per token: the gate/up and down matrices differ in shape, and the order in which
+    an output's experts are added shows."""
+    from dataclasses import replace
+
+    from ds4agent.modelfile.demo import tiny_config, write_model
+
+    return write_model(tmp_path_factory.mktemp("wide") / "wide.gguf",
+                       replace(tiny_config(3), expert_ff=512, n_expert_used=3), "tiny", 1)
+
+
+def test_experts_wider_than_the_hidden_size_stream_to_the_same_bits(wide_path: Path) -> None:
+    want = _run(wide_path, None, prompt=PROMPTS[1])
+    for slots in (1, 2, 5):
+        got = _run(wide_path, slots * _slot(wide_path), prompt=PROMPTS[1])
+        assert got[3]["slots"] == slots
+        assert np.array_equal(got[0].view(np.uint32), want[0].view(np.uint32)) and got[1:3] == want[1:3]
+    f, pool = _direct_pool(wide_path, 4)
+    try:
+        with pool.holding(1, np.array([2, 5])) as rows:
+            assert (rows.F, rows.gu_row_bytes) == (512, f.tensors["blk.1.ffn_gate_exps.weight"].row_bytes)
+            assert rows.d_row_bytes == f.tensors["blk.1.ffn_down_exps.weight"].row_bytes
+            for table in (rows.gate, rows.up, rows.down):  # every matrix of a slot on a cache line
+                assert table[2] % 64 == 0 and table[5] % 64 == 0
+            assert rows.up[2] - rows.gate[2] >= f.tensors["blk.1.ffn_gate_exps.weight"].nbytes // 16
+    finally:
+        pool.close()
+        f.close()
+
+
+def test_slot_size_is_the_largest_expert_of_any_layer_in_whole_pages() -> None:
+    """Layers may differ in quant type (the published variant with Q4_K experts in some
+    layers): every slot must hold the largest."""
+    from types import SimpleNamespace
+
+    from ds4agent.modelfile.gguf import TensorInfo, tensor_nbytes
+
+    E, F, n = 256, 256, 4
+    tensors = {}
+    for layer, qtype in ((0, 16), (1, 12)):  # IQ2_XXS, then Q4_K
+        for kind, dims in (("gate", (E, F, n)), ("up", (E, F, n)), ("down", (F, E, n))):
+            t = qtype if kind != "down" or layer else 10  # layer 0: Q2_K down
+            name = f"blk.{layer}.ffn_{kind}_exps.weight"
+            tensors[name] = TensorInfo(name, t, dims, 4096 * len(tensors), tensor_nbytes(t, dims))
+    f = SimpleNamespace(tensors=tensors)
+    cfg = SimpleNamespace(n_layer=2, n_expert=n)
+    q4 = 3 * tensors["blk.1.ffn_gate_exps.weight"].nbytes // n
+    assert expertpool.slot_bytes(f, cfg) == -(-q4 // 4096) * 4096
+    assert expertpool.expert_bytes(f, cfg) == sum(t.nbytes for t in tensors.values())
+    up = tensors["blk.1.ffn_up_exps.weight"]
+    tensors[up.name] = TensorInfo(up.name, 16, up.dims, up.offset, tensor_nbytes(16, up.dims))
+    with pytest.raises(PoolError, match="layer 1: gate and up experts differ"):
+        expertpool.slot_bytes(f, cfg)
+
+
+def test_expert_bytes_and_the_budget_arithmetic(demo_path: Path) -> None:
+    from ds4agent.engine.kernels import resident
+
+    with GGUFFile(demo_path) as f:
+        cfg = config_from_gguf(f)
+        assert expertpool.expert_bytes(f, cfg) == resident.plan(f, cfg, 256).experts == 5308416
+        with pytest.raises(PoolError, match="holds no routed expert"):
+            ExpertPool(f, cfg, expertpool.slot_bytes(f, cfg) - 1)
+        pool = ExpertPool(f, cfg, expertpool.slot_bytes(f, cfg))  # exactly one slot
+        try:
+            assert (pool.slots, pool.policy, pool.allocated) == (1, "lru", expertpool.slot_bytes(f, cfg))
+        finally:
+            pool.close()
+    assert expertpool.HOST_WORKING == 768 << 20 and expertpool.PROBE_EVERY == 8 and expertpool.GUESS_FLOOR == 0.5
+
+
+def test_counters_and_their_rates(demo_path: Path) -> None:
+    empty = expertpool.PoolStats()
+    assert empty.as_dict() == {"hits": 0, "misses": 0, "prefetched": 0, "guesses_skipped": 0, "prefetch_used": 0,
+                               "wasted": 0, "bytes_read": 0, "stall_s": 0.0, "read_s": 0.0, "calls": 0,
+                               "hit_rate": 0.0}
+    f, pool = _direct_pool(demo_path, 2)
+    try:
+        for e in (0, 1, 0):
+            _use(pool, 2, e)
+        d = pool.stats.as_dict()
+        per_expert = sum(f.tensors[f"blk.2.ffn_{k}_exps.weight"].nbytes for k in ("gate", "up", "down")) // 16
+        assert (d["hits"], d["misses"], d["calls"], d["bytes_read"]) == (1, 2, 3, 2 * per_expert)
+        assert d["hit_rate"] == 0.3333 and d["stall_s"] >= 0 and d["read_s"] > 0
+        assert pool.uses[2, 0] == 2 and pool.uses[2, 1] == 1 and pool.uses.sum() == 3
+    finally:
+        pool.close()
+        f.close()
+
+
+def test_expert_rows_over_the_file_are_checked_and_frozen() -> None:
+    import dataclasses
+
+    gate = np.zeros((3, 4, 8), np.uint8)
+    rows = expertpool.ExpertRows.over(gate, gate, 16, gate, 10)
+    assert rows.gate[1] - rows.gate[0] == 32 and rows.F == 4 and rows.gu_row_bytes == 8
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        rows.F = 5
+    for bad in (gate[:, :, ::2], gate[:, ::2], gate[0]):
+        with pytest.raises(ValueError, match="contiguous"):
+            expertpool.ExpertRows.over(bad, gate, 16, gate, 10)
+
+
+def test_size_text() -> None:
+    assert expertpool.size_text(3 << 30) == "3.00 GiB"
+    assert expertpool.size_text(5 << 20) == "5.0 MiB"
+    assert expertpool.size_text((1 << 30) // 10) == "0.10 GiB"
+    assert expertpool.size_text((1 << 30) // 10 - 1) == "102.4 MiB"
+
+
+def _locked_kib(path: Path) -> int:
+    """Resident, locked KiB of the mappings of ``path`` (/proc/self/smaps' Locked fields)."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()
+        if head and "-" in head[0] and all(c in "0123456789abcdef-" for c in head[0]):
+            inside = line.rstrip().endswith(str(path))
+        elif inside and line.startswith("Locked:"):
+            total += int(head[1])
+    return total
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="needs Linux's /proc/self/smaps")
+def test_dense_weights_are_locked_as_they_are_read(wide_path: Path) -> None:
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_MEMLOCK)[0]
+    if os.geteuid() != 0 and soft != resource.RLIM_INFINITY and soft < 64 << 20:
+        pytest.skip(f"RLIMIT_MEMLOCK is {soft} bytes here (ulimit -l): locking is refused, as the open line says")
+    with GGUFFile(wide_path) as f:
+        dense = sum(t.nbytes for name, t in f.tensors.items() if expertpool.is_dense(name))
+    with Engine.open(wide_path, backend="cpu", ctx=250, memory_budget=5 * _slot(wide_path)) as e:
+        assert "dense weights locked in memory as they are read" in e.info.devices[0]
+        opened = _locked_kib(wide_path)
+        e.session().sync(PROMPTS[1])
+        read = _locked_kib(wide_path)
+    assert opened < 1024  # opening reads nothing: pages are locked as they fault in
+    assert read - opened > dense // 2048  # at least half the dense weights, read by the forward pass

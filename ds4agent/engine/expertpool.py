@@ -37,7 +37,7 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterator
 
 import numpy as np
@@ -122,6 +122,9 @@ def _layers(f: GGUFFile, cfg: ModelConfig) -> list[_Layer]:
     out = []
     for i in range(cfg.n_layer):
         ts = [f.tensors[f"blk.{i}.ffn_{k}_exps.weight"] for k in ("gate", "up", "down")]
+        if (ts[0].type, ts[0].dims) != (ts[1].type, ts[1].dims):  # the kernels read both with one type
+            raise PoolError(f"layer {i}: gate and up experts differ ({ts[0].type_name} {ts[0].dims}, "
+                            f"{ts[1].type_name} {ts[1].dims})")
         sizes = tuple(t.nbytes // cfg.n_expert for t in ts)
         gate_at = 0
         up_at = _up(sizes[0], ALIGN)
@@ -171,7 +174,6 @@ class _Slot:
     loading: Future | None = None
     pins: int = 0
     unused_prefetch: bool = False
-    error: BaseException | None = field(default=None, repr=False)
 
 
 class ExpertPool:
