@@ -512,8 +512,12 @@ def test_counters_and_their_rates(demo_path: Path) -> None:
                                "hit_rate": 0.0}
     f, pool = _direct_pool(demo_path, 2)
     try:
-        for e in (0, 1, 0):
-            _use(pool, 2, e)
+        _use(pool, 2, 0)
+        _use(pool, 2, 1)
+        waited = pool.stats.stall_s
+        assert 0 < waited < 60  # two misses waited for their reads
+        _use(pool, 2, 0)
+        assert pool.stats.stall_s == waited  # a hit waits for nothing
         d = pool.stats.as_dict()
         per_expert = sum(f.tensors[f"blk.2.ffn_{k}_exps.weight"].nbytes for k in ("gate", "up", "down")) // 16
         assert (d["hits"], d["misses"], d["calls"], d["bytes_read"]) == (1, 2, 3, 2 * per_expert)
@@ -529,7 +533,7 @@ def test_expert_rows_over_the_file_are_checked_and_frozen() -> None:
 
     gate = np.zeros((3, 4, 8), np.uint8)
     rows = expertpool.ExpertRows.over(gate, gate, 16, gate, 10)
-    assert rows.gate[1] - rows.gate[0] == 32 and rows.F == 4 and rows.gu_row_bytes == 8
+    assert len(rows.gate) == 3 and rows.gate[1] - rows.gate[0] == 32 and rows.F == 4 and rows.gu_row_bytes == 8
     with pytest.raises(dataclasses.FrozenInstanceError):
         rows.F = 5
     for bad in (gate[:, :, ::2], gate[:, ::2], gate[0]):
@@ -572,3 +576,18 @@ def test_dense_weights_are_locked_as_they_are_read(wide_path: Path) -> None:
         read = _locked_kib(wide_path)
     assert opened < 1024  # opening reads nothing: pages are locked as they fault in
     assert read - opened > dense // 2048  # at least half the dense weights, read by the forward pass
+
+
+def test_a_layer_stops_guessing_when_a_quarter_of_its_guesses_come_true(demo_path: Path) -> None:
+    """The share of guessed reads used is a moving average (0.7 old, 0.3 new) starting at 1:
+    one of four used each time brings it to 0.775, 0.618, 0.507, then 0.430, under one half."""
+    f, pool = _direct_pool(demo_path, 8)
+    try:
+        for r in range(4):
+            guess = np.arange(4 * r, 4 * r + 4)
+            assert pool.prefetch(5, guess, guess=True) == 4, r
+            _use(pool, 5, int(guess[0]))
+        assert pool.prefetch(5, np.array([0, 1]), guess=True) == 0
+    finally:
+        pool.close()
+        f.close()

@@ -252,7 +252,7 @@ class ExpertPool:
                     self._guess_share[layer] = 0.7 * self._guess_share[layer] + 0.3 * share
                     guessed.clear()
                 for e in experts:
-                    s = self._take(layer * n + e, pin=True)
+                    s = self._take(layer * n + e)
                     held.append(s)
                     slot = self._slot[s]
                     if slot.loading is not None:
@@ -342,7 +342,7 @@ class ExpertPool:
             return sorted(divmod(k, n) for k in self._where)
 
     # -- slots ---------------------------------------------------------------------------------
-    def _take(self, key: int, pin: bool) -> int:
+    def _take(self, key: int) -> int:
         """The slot of ``key``, read into a victim if missing; pinned. Under the lock; waits
         (releasing it) while every slot is held or being read."""
         s = self._where.get(key)
