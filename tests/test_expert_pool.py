@@ -591,3 +591,71 @@ def test_a_layer_stops_guessing_when_a_quarter_of_its_guesses_come_true(demo_pat
     finally:
         pool.close()
         f.close()
+
+
+def test_preload_reads_the_most_used_into_empty_slots(demo_path: Path) -> None:
+    f, pool = _direct_pool(demo_path, 4)
+    try:
+        uses = np.zeros((6, 16), dtype=np.int64)
+        for (layer, e), n in {(1, 3): 5, (2, 7): 9, (0, 1): 2, (4, 4): 1, (5, 5): 1}.items():
+            uses[layer, e] = n
+        with pytest.raises(PoolError, match="a profile of 5 layers x 16 experts for a model of 6 x 16"):
+            pool.preload(uses[:5])
+        assert pool.preload(uses) == 4  # the five used ones do not fit: the least used of the ties stays out
+        assert pool.resident() == [(0, 1), (1, 3), (2, 7), (4, 4)]
+        assert pool.stats.prefetched == 4 and pool.stats.misses == 0
+        _use(pool, 2, 7)
+        assert (pool.stats.hits, pool.stats.prefetch_used) == (1, 1)  # read ahead, then used
+        assert pool.preload(uses) == 0  # no empty slot left
+    finally:
+        pool.close()
+        f.close()
+    f, pool = _direct_pool(demo_path, 4)
+    try:
+        _use(pool, 2, 7)
+        only = np.zeros((6, 16), dtype=np.int64)
+        only[2, 7], only[3, 2] = 4, 1
+        assert pool.preload(only) == 1  # (2, 7) is there already; unused experts are not read
+        assert pool.resident() == [(2, 7), (3, 2)]
+    finally:
+        pool.close()
+        f.close()
+
+
+def test_prefetch_skips_what_is_there_and_probes_with_new_guesses(demo_path: Path) -> None:
+    f, pool = _direct_pool(demo_path, 8)
+    try:
+        _use(pool, 3, 1)
+        assert pool.prefetch(3, np.array([1, 2])) == 1  # 1 is there; 2 is read (known experts by default)
+        for wrong in ([10, 11], [12, 13]):
+            pool.prefetch(3, np.array(wrong), guess=True)
+            _use(pool, 3, 0)
+        started = [pool.prefetch(3, np.array([e]), guess=True) for e in (14, 15, 9, 8, 7, 6, 5, 4)]
+        assert sum(started) == 1  # one probe in eight guesses, each of an expert not read yet
+    finally:
+        pool.close()
+        f.close()
+
+
+def _mapped(address: int) -> bool:
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+        if lo <= address < hi:
+            return True
+    return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs Linux's /proc/self/maps")
+def test_close_waits_for_the_readers_and_frees_the_slots(demo_path: Path) -> None:
+    import threading
+
+    f, pool = _direct_pool(demo_path, 8)
+    try:
+        pool.prefetch(1, np.arange(4))
+        address = pool.address
+        assert _mapped(address)
+        pool.close()
+        assert not any(t.name.startswith("ds4-experts") for t in threading.enumerate())
+        assert not _mapped(address)
+    finally:
+        f.close()
