@@ -659,3 +659,24 @@ def test_close_waits_for_the_readers_and_frees_the_slots(demo_path: Path) -> Non
         assert not _mapped(address)
     finally:
         f.close()
+
+
+def test_a_call_waits_while_every_slot_is_held_or_being_read(demo_path: Path, monkeypatch) -> None:
+    import time
+
+    f, pool = _direct_pool(demo_path, 2)
+    try:
+        real = f.read_into
+
+        def slow(offset, out):
+            time.sleep(0.05)
+            real(offset, out)
+
+        monkeypatch.setattr(f, "read_into", slow)
+        assert pool.prefetch(4, np.array([9])) == 1  # one slot being read (slowly)
+        with pool.holding(4, np.array([1, 2])) as rows:  # needs both slots: waits for that read, then evicts it
+            assert rows.gate[1] and rows.gate[2]
+        assert pool.resident() == [(4, 1), (4, 2)] and pool.stats.wasted == 1
+    finally:
+        pool.close()
+        f.close()
