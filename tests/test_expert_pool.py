@@ -408,7 +408,7 @@ def test_guessed_reads_stop_while_guesses_are_wrong_and_are_tried_again(demo_pat
             _use(pool, 5, 0)
         assert pool.prefetch(5, np.array([14, 15]), guess=True) == 0  # the layer stopped guessing
         assert pool.stats.guesses_skipped == 1
-        assert pool.prefetch(5, np.array([14]), guess=False) == 1  # experts known from the ids: always read
+        assert pool.prefetch(5, np.array([14])) == 1  # experts known from the ids (the default): always read
         started = [pool.prefetch(5, np.array([3]), guess=True) for _ in range(expertpool.PROBE_EVERY)]
         assert sorted(started) == [0] * (expertpool.PROBE_EVERY - 1) + [1]  # one probe in every PROBE_EVERY
         _use(pool, 5, 3)  # the probe came true
