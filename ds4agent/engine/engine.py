@@ -202,7 +202,7 @@ def streaming_plan(path: str | os.PathLike[str], ctx: int = 32768, memory_budget
         budget, said = _streaming_budget(f, cfg, True, ctx, memory_budget)
         if budget is None:
             return said
-        slots = min(budget // expertpool.slot_bytes(f, cfg), cfg.n_layer * cfg.n_expert)
+        slots = expertpool.slots_for(f, cfg, budget)
         return (f"{slots} of {cfg.n_layer * cfg.n_expert} routed experts resident at a time, the rest streamed "
                 f"from the file ({said}; at --ctx {ctx})")
     finally:

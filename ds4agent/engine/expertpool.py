@@ -38,7 +38,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -139,6 +139,11 @@ def expert_bytes(f: GGUFFile, cfg: ModelConfig) -> int:
     return sum(t.nbytes for name, t in f.tensors.items() if "_exps." in name)
 
 
+def slots_for(f: GGUFFile, cfg: ModelConfig, budget: int) -> int:
+    """How many slots ``budget`` bytes make (never more than there are experts)."""
+    return min(budget // slot_bytes(f, cfg), cfg.n_layer * cfg.n_expert)
+
+
 def slot_bytes(f: GGUFFile, cfg: ModelConfig) -> int:
     """Bytes one slot takes: the largest expert of any layer (layers may differ in type), whole
     pages so that every slot starts on a page."""
@@ -188,7 +193,7 @@ class ExpertPool:
         self.file, self.cfg, self.policy = f, cfg, policy
         self._layers = _layers(f, cfg)
         self.slot_bytes = slot_bytes(f, cfg)
-        self.slots = min(budget // self.slot_bytes, cfg.n_layer * cfg.n_expert)
+        self.slots = slots_for(f, cfg, budget)
         if self.slots < 1:
             raise PoolError(f"a memory budget of {size_text(budget)} holds no routed expert (one takes "
                             f"{size_text(self.slot_bytes)})")
@@ -273,20 +278,24 @@ class ExpertPool:
                     self._busy[s] = slot.pins > 0 or slot.loading is not None
                 self._changed.notify_all()
 
-    def prefetch(self, layer: int, experts: np.ndarray, guess: bool = False) -> int:
+    def prefetch(self, layer: int, experts: np.ndarray | Callable[[], np.ndarray], guess: bool = False) -> int:
         """Start reading ``experts`` of ``layer`` (most wanted first) into slots that nothing
         holds, without waiting: as many as fit beside what calls hold, at most half the pool
         (the rest keeps what is in use). ``guess``: the experts are a prediction (not known
         from the token ids), read only while that layer's predictions mostly come true (see
-        GUESS_FLOOR). Returns how many reads it started."""
+        GUESS_FLOOR); ``experts`` may then be a function that makes the prediction, called only
+        when it will be read. Returns how many reads it started."""
         n = self.cfg.n_expert
         started = 0
-        with self._lock:
-            if guess:
+        if guess:
+            with self._lock:
                 self._guesses[layer] += 1
                 if self._guess_share[layer] < GUESS_FLOOR and self._guesses[layer] % PROBE_EVERY:
                     self.stats.guesses_skipped += 1
                     return 0
+        if callable(experts):
+            experts = experts()
+        with self._lock:
             room = self.slots // 2
             for e in experts:
                 key = layer * n + int(e)

@@ -388,18 +388,22 @@ class Model:
         pool = self.w.pool
         if pool is None or i >= self.cfg.n_layer:
             return
-        if self.cfg.is_hash_layer(i):
-            guess = self.w.hash_experts(i, ids)
-        elif f is None:
-            return
-        else:
+
+        def most_wanted(chosen: np.ndarray) -> np.ndarray:
+            experts, counts = np.unique(chosen, return_counts=True)
+            return experts[np.argsort(-counts, kind="stable")]
+
+        def router_guess() -> np.ndarray:  # run only when the pool will read the guess
             p = f"blk.{i}."
             prob = np.array(to(NP, fused(_router_scores)(self.k.linear(f, p + "ffn_gate_inp.weight"))))
             if self.w.has(p + "exp_probs_b.bias"):
                 prob = prob + np.array(to(NP, self.param(p + "exp_probs_b.bias")))
-            guess = np.argsort(-prob, axis=1, kind="stable")[:, : self.cfg.n_expert_used]
-        experts, counts = np.unique(guess, return_counts=True)
-        pool.prefetch(i, experts[np.argsort(-counts, kind="stable")], guess=not self.cfg.is_hash_layer(i))
+            return most_wanted(np.argsort(-prob, axis=1, kind="stable")[:, : self.cfg.n_expert_used])
+
+        if self.cfg.is_hash_layer(i):
+            pool.prefetch(i, most_wanted(self.w.hash_experts(i, ids)))
+        elif f is not None:
+            pool.prefetch(i, router_guess, guess=True)
 
     def _own_experts(self, i: int, f, sel: np.ndarray, weights, clamp: float):
         """The routed FFN over only the chosen slots whose expert this process holds: each such

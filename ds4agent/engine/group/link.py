@@ -428,21 +428,20 @@ class Link:
         return np.array(out) if numpy else out
 
     def all_sum(self, a, seconds: float | None, what: str = "summing"):
-        self._check()
-        x = a if isinstance(a, mx.array) else mx.array(np.ascontiguousarray(a))
-        out = self._eval(mx.distributed.all_sum(x, group=self.group), what, None, seconds)
-        self.reduced += x.nbytes
-        self.messages += 1
-        return out if isinstance(a, mx.array) else np.array(out)
+        return self._collective(a, mx.distributed.all_sum, what, seconds, lambda out, x: out)
 
     def all_gather(self, a, seconds: float | None, what: str = "gathering"):
         """Every process's ``a`` (same shape everywhere) stacked along a new first axis."""
+        return self._collective(a, mx.distributed.all_gather, what, seconds,
+                                lambda out, x: out.reshape(self.size, *x.shape))
+
+    def _collective(self, a, op, what: str, seconds: float | None, shape):
+        """``op`` over every process's ``a`` (an MLX array, or numpy: answered in kind), counted."""
         self._check()
         x = a if isinstance(a, mx.array) else mx.array(np.ascontiguousarray(a))
-        out = self._eval(mx.distributed.all_gather(x, group=self.group), what, None, seconds)
+        out = shape(self._eval(op(x, group=self.group), what, None, seconds), x)
         self.reduced += x.nbytes
         self.messages += 1
-        out = out.reshape(self.size, *x.shape)
         return out if isinstance(a, mx.array) else np.array(out)
 
     def close(self) -> None:
