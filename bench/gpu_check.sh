@@ -76,6 +76,12 @@ python3 -m ds4agent demo --preset shape --layers 2 --out "$shape" >/dev/null || 
 timeout 240 python3 bench/gpu_device.py "$shape" --backend cuda --kernels cuda,reference --prompts 2048,16384 \
     --gen 32 --json "$out/device-cuda.json" 2>&1 | tee "$out/device-cuda.txt"
 [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+# Routed experts streamed through a 1 GiB pool in device memory (about a quarter of this model's
+# experts): the same greedy tokens as resident, and what streaming costs (docs/streaming.md).
+timeout 180 python3 bench/gpu_device.py "$shape" --backend cuda --kernels cuda,cuda@1G --prompts 512 --gen 32 \
+    --json "$out/device-stream.json" 2>&1 | tee "$out/device-stream.txt"
+[ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+grep -q "same tokens False" "$out/device-stream.txt" && rc=1
 timeout 120 python3 bench/gpu_device.py "$shape" --backend cpu --kernels cpu --prompts 2048 --gen 16 \
     --json "$out/device-cpu.json" 2>&1 | tee "$out/device-cpu.txt"
 

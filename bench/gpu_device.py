@@ -5,6 +5,9 @@ device against the plan said at open (engine/kernels/resident.py).
     python bench/gpu_device.py MODEL.gguf --backend cuda --kernels cuda,reference [--prompts 2048,16384]
         [--gen 32] [--only-first-beyond 2048] [--json FILE]
 
+A kernel set written ``cuda@1G`` streams the routed experts through an expert pool of that
+budget in device memory (docs/streaming.md); its line adds the pool's counters.
+
 For each kernel set and prompt length: a fresh engine, the prompt (random token ids, the same
 for every set) prefilled in the kernels' own chunk size, then ``--gen`` greedy tokens. Reported:
 prefill and decode tokens per second, the largest difference of the prompt's logits relative
@@ -29,13 +32,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def measure(path: str, backend: str, kernels: str, prompt: list[int], gen: int) -> dict:
+    """One kernel set (``KERNELS`` or ``KERNELS@BUDGET``: routed experts streamed through an
+    expert pool of BUDGET bytes, engine/expertpool.py) on one prompt."""
     import mlx.core as mx
 
     from ds4agent.engine import Engine, SamplingParams
 
+    kernels, _, budget = kernels.partition("@")
     mx.reset_peak_memory()
     t = time.perf_counter()
-    with Engine.open(path, backend=backend, kernels=kernels, ctx=len(prompt) + gen + 8, qat_sim=False) as e:
+    with Engine.open(path, backend=backend, kernels=kernels, ctx=len(prompt) + gen + 8, qat_sim=False,
+                     memory_budget=budget or None) as e:
         opened = time.perf_counter() - t
         s = e.session()
         t = time.perf_counter()
@@ -49,7 +56,7 @@ def measure(path: str, backend: str, kernels: str, prompt: list[int], gen: int) 
                 "open_s": round(opened, 2), "prefill_tps": round(prefill, 1), "decode_tps": round(decode, 2),
                 "tokens": toks, "logits": logits, "active_gib": round(mx.get_active_memory() / 2**30, 2),
                 "peak_gib": round(mx.get_peak_memory() / 2**30, 2), "plan": list(e.info.devices),
-                "note": e.info.kernel_note}
+                "note": e.info.kernel_note, "pool": e.streaming()}
 
 
 def main() -> None:
@@ -81,7 +88,8 @@ def main() -> None:
                   f"decode {r['decode_tps']:7.2f} t/s, logits vs {sets[0]} {r['logit_err']:.1e}, same tokens "
                   f"{r['same_tokens']}, memory active {r['active_gib']} GiB peak {r['peak_gib']} GiB, open "
                   f"{r['open_s']} s", flush=True)
-            for line in r["plan"] + ([f"note: {r['note']}"] if r["note"] else []):
+            pool = [f"pool: {r['pool']}"] if r["pool"] else []
+            for line in r["plan"] + ([f"note: {r['note']}"] if r["note"] else []) + pool:
                 print(f"{'':>12}{line}", flush=True)
     if a.json:
         Path(a.json).write_text(json.dumps([{k: v for k, v in r.items() if k != "logits"} for r in rows], indent=1))

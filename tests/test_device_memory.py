@@ -56,7 +56,8 @@ def test_a_model_that_does_not_fit_is_refused_in_one_line(flash_header_path) -> 
 
 def test_engine_checks_at_open_and_says_it(demo_path, monkeypatch) -> None:
     """Engine on the cuda backend: the line is in info.devices (the CLI prints it at open); a
-    limit below the plan refuses with one EngineError before any weight is copied; the
+    limit below the plan even without the experts refuses with one EngineError before any
+    weight is copied; the
     reference kernels (which keep the experts in the file) are not held to it."""
     monkeypatch.setattr(gpu, "GpuKernels", HarnessGpu)
     copied: list[str] = []
@@ -68,8 +69,9 @@ def test_engine_checks_at_open_and_says_it(demo_path, monkeypatch) -> None:
         assert line.startswith("on the cuda device: ") and line.endswith("of 8.0 GiB (the GPU's memory)")
     monkeypatch.setattr(resident, "device_limits", lambda backend: (GiB, None, "the GPU's memory"))
     copied.clear()
-    with pytest.raises(EngineError, match=r"^the model does not fit the cuda device: .*--kernels reference keeps"):
-        _engine(demo_path, "cuda")
+    with pytest.raises(EngineError, match=r"^the model does not fit: the GPU's memory is 1.00 GiB, .* leave less "
+                                          r"than one layer's experts"):
+        _engine(demo_path, "cuda")  # (a limit that leaves room for some experts streams them: test_expert_pool_gpu)
     assert copied == []
     with _engine(demo_path, "reference") as e:
         assert e.info.devices == ()

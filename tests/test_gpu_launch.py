@@ -123,3 +123,26 @@ def test_whole_model_on_gpu_kernels_matches_reference(engines, chunk: int) -> No
     (a0, ta, a1), (b0, tb, b1) = runs
     assert ta == tb
     assert rel_err(a0, b0) <= 1e-4 and rel_err(a1, b1) <= 1e-4
+
+
+def test_streamed_experts_on_the_device_give_the_same_bits(demo_path) -> None:
+    """The expert pool in device memory (filled by the host's reads in place, read by the
+    kernels by slot) against every expert resident on the device: identical logits and tokens
+    with 3 slots (many turns per layer) and 40."""
+    from ds4agent.engine import expertpool
+    from ds4agent.modelfile.config import config_from_gguf
+    from ds4agent.modelfile.gguf import GGUFFile
+
+    with GGUFFile(demo_path) as f:
+        slot = expertpool.slot_bytes(f, config_from_gguf(f))
+    ids = np.random.default_rng(6).integers(1000, 120000, 120).tolist()
+    runs = []
+    for budget in (None, 3 * slot, 40 * slot):
+        with Engine.open(demo_path, backend=BACKEND, kernels=BACKEND, qat_sim=False, memory_budget=budget) as e:
+            assert (e.streaming() is None) == (budget is None)
+            s = e.session()
+            s.sync(ids)
+            toks = [st.token for st in s.generate(SamplingParams(temperature=0), max_tokens=12, stop_at_eos=False)]
+            runs.append((np.array(s.logits), toks))
+    for logits, toks in runs[1:]:
+        assert np.array_equal(logits.view(np.uint32), runs[0][0].view(np.uint32)) and toks == runs[0][1]

@@ -96,9 +96,11 @@ def _info(f: GGUFFile, cfg: ModelConfig, backend: str, ctx: int, qat_sim: bool, 
                       devices)
 
 
-def _device_fit(f: GGUFFile, cfg: ModelConfig, backend: str, ctx: int, kernels: str | None) -> tuple[str, ...]:
+def _device_fit(f: GGUFFile, cfg: ModelConfig, backend: str, ctx: int, kernels: str | None,
+                pool: ExpertPool | None = None) -> tuple[str, ...]:
     """On metal and cuda with GPU kernels: the line saying what will be resident on the device
-    against its limit, or EngineError (one line) when the model cannot fit."""
+    against its limit (with ``pool`` in device memory: the pool in place of the routed experts),
+    or EngineError (one line) when the model cannot fit."""
     from .. import settings
     from .kernels import resident
 
@@ -106,11 +108,31 @@ def _device_fit(f: GGUFFile, cfg: ModelConfig, backend: str, ctx: int, kernels: 
     if backend not in ("metal", "cuda") or chosen not in ("auto", "metal", "cuda", "kquant"):
         return ()
     limit, buffer, what = resident.device_limits(backend)
+    need = resident.plan(f, cfg, ctx, pool.allocated if pool is not None else None)
     try:
-        return (resident.check(resident.plan(f, cfg, ctx), limit, buffer, what, backend),)
+        return (resident.check(need, limit, buffer, what, backend),)
     except resident.DeviceMemoryError as e:
-        raise EngineError(f"{e}; --kernels reference keeps the routed experts in the file instead "
-                          "(much slower)") from None
+        hint = "a smaller --memory-budget" if pool is not None else \
+            "--memory-budget streams routed experts through a pool that fits"
+        raise EngineError(f"{e}; {hint}") from None
+
+
+# The kernel sets that read routed experts through the expert pool, and where its slots are:
+# in the process's memory ("host"), or in GPU memory that the reads fill and the kernels read in
+# place ("device"). mlx-kquant's gather kernels read one contiguous tensor per layer and the
+# reference gathers from the mapped file: they keep every expert where it is.
+STREAMING = {"cpu": "host", "cpu-exact": "host", "gpu-host": "host", "metal": "device", "cuda": "device"}
+
+
+def _pool_memory(backend: str, kernels: str | None) -> str | None:
+    """Where the expert pool's slots would be for these kernels ("host", "device"), or None
+    when they do not stream. Auto on Metal weighs kquant too, but not when experts stream."""
+    from .. import settings
+
+    chosen = kernels or settings.kernels_choice()
+    if chosen == "auto":
+        chosen = backend
+    return STREAMING.get(chosen)
 
 
 def _expert_pool(f: GGUFFile, cfg: ModelConfig, backend: str, ctx: int, kernels: str | None,
@@ -118,9 +140,10 @@ def _expert_pool(f: GGUFFile, cfg: ModelConfig, backend: str, ctx: int, kernels:
                  ) -> tuple[ExpertPool | None, tuple[str, ...]]:
     """The expert pool when routed experts must stream from the file (engine/expertpool.py),
     and the line said at open. ``requested``: bytes, "auto" or None ($DS4_MEMORY_BUDGET, config,
-    else auto). Auto gives the pool what the machine has left after the dense weights, the KV
-    at ``ctx`` and a prefill's working memory, and streams nothing when every expert fits too.
-    ``profile``: a popularity profile whose most used experts the pool starts reading at once."""
+    else auto). Auto gives the pool what the machine (or the GPU) has left after the dense
+    weights, the KV at ``ctx`` and a prefill's working memory, and streams nothing when every
+    expert fits too. ``profile``: a popularity profile whose most used experts the pool starts
+    reading at once."""
     pool, lines = _expert_pool_sized(f, cfg, backend, ctx, kernels, requested)
     if profile is None:
         return pool, lines
@@ -135,10 +158,11 @@ def _expert_pool(f: GGUFFile, cfg: ModelConfig, backend: str, ctx: int, kernels:
     return pool, (*lines, f"expert profile {profile}: reading its {n} most used experts")
 
 
-def _streaming_budget(f: GGUFFile, cfg: ModelConfig, cpu: bool, ctx: int,
+def _streaming_budget(f: GGUFFile, cfg: ModelConfig, memory: str | None, backend: str, ctx: int,
                       requested: int | str | None) -> tuple[int | None, str]:
-    """(the pool's budget, or None when nothing streams; what to say about it). EngineError,
-    one line, for a budget that cannot work."""
+    """(the pool's budget, or None when nothing streams; what to say about it) for a pool in
+    ``memory`` ("host", "device"; None: the kernels do not stream). EngineError, one line, for
+    a budget that cannot work."""
     from .. import settings
     from .kernels import resident
 
@@ -149,29 +173,42 @@ def _streaming_budget(f: GGUFFile, cfg: ModelConfig, cpu: bool, ctx: int,
         raise EngineError(str(e)) from None
     need = resident.plan(f, cfg, ctx)
     gib = expertpool.size_text
-    if requested == "auto":
+    if memory is None:
+        if requested == "auto":
+            return None, "routed experts where the kernels keep them (these kernels do not stream experts)"
+        raise EngineError(f"--memory-budget streams routed experts through the {', '.join(STREAMING)} kernels; the "
+                          "kernels chosen here keep every expert where it is")
+    buffer = None
+    if memory == "device":
+        available, buffer, what = resident.device_limits(backend)
+        working = resident.WORKING_BYTES
+    else:
         available, what = expertpool.available_memory()
-        if not cpu or available is None:
-            return None, "routed experts in the mapped file (streaming is for the CPU kernels)" if not cpu else ""
-        budget = available - need.dense - need.kv - expertpool.HOST_WORKING
+        working = expertpool.HOST_WORKING
+    if requested == "auto":
+        if available is None:
+            return None, ""
+        budget = available - need.dense - need.kv - working
         if need.experts <= budget:
             return None, (f"every routed expert fits: {gib(need.experts)} in the {gib(budget)} that {what} "
                           f"({gib(available)}) leaves after dense weights, KV and working memory; nothing streams")
         if budget < expertpool.slot_bytes(f, cfg) * cfg.n_expert_used:
             raise EngineError(f"the model does not fit: {what} is {gib(available)}, and the dense weights "
                               f"({gib(need.dense)}), the KV at {ctx} tokens ({gib(need.kv)}) and a prefill's working "
-                              f"memory ({gib(expertpool.HOST_WORKING)}) leave less than one layer's experts; a "
-                              "smaller --ctx frees KV")
-        return budget, f"auto: {what} {gib(available)} less dense weights, KV and working memory"
-    if not cpu:
-        raise EngineError("--memory-budget streams routed experts for the CPU kernels (--backend cpu); the "
-                          "GPU kernels keep every expert on the device")
+                              f"memory ({gib(working)}) leave less than one layer's experts; a smaller --ctx frees KV")
+        said = f"auto: {what} {gib(available)} less dense weights, KV and working memory"
+        if buffer and budget > buffer:  # the slots are one device array
+            budget, said = buffer, f"{said}, down to one {backend} buffer's {gib(buffer)}"
+        return budget, said
     if need.experts <= requested:
         return None, (f"memory budget {gib(requested)}: every routed expert fits ({gib(need.experts)}); they stay "
-                      "in the mapped file")
+                      "where the kernels keep them")
     if requested < expertpool.slot_bytes(f, cfg):
         raise EngineError(f"a memory budget of {gib(requested)} holds no routed expert (one takes "
                           f"{gib(expertpool.slot_bytes(f, cfg))})")
+    if buffer and requested > buffer:
+        raise EngineError(f"a memory budget of {gib(requested)} is more than one {backend} buffer may hold "
+                          f"({gib(buffer)})")
     return int(requested), "--memory-budget"
 
 
@@ -179,18 +216,25 @@ def _expert_pool_sized(f: GGUFFile, cfg: ModelConfig, backend: str, ctx: int, ke
                        requested: int | str | None) -> tuple[ExpertPool | None, tuple[str, ...]]:
     from .. import settings
 
-    cpu = backend == "cpu" and (kernels or settings.kernels_choice()) in ("auto", "cpu", "cpu-exact")
-    budget, said = _streaming_budget(f, cfg, cpu, ctx, requested)
+    memory = _pool_memory(backend, kernels)
+    budget, said = _streaming_budget(f, cfg, memory, backend, ctx, requested)
     if budget is None:  # auto says nothing at open when nothing streams; a given budget does
         return None, (said,) if said and requested not in (None, "auto") else ()
+    allocate = None
+    if memory == "device":
+        from .kernels.resident import device_buffer
+
+        allocate = device_buffer
     try:
-        pool = expertpool.ExpertPool(f, cfg, budget, policy=settings.pool_policy())
-    except expertpool.PoolError as e:
+        pool = expertpool.ExpertPool(f, cfg, budget, policy=settings.pool_policy(), allocate=allocate)
+    except (expertpool.PoolError, ValueError) as e:  # resident.DeviceMemoryError is a ValueError
         raise EngineError(str(e)) from None
     total = cfg.n_layer * cfg.n_expert
-    line = (f"expert streaming: {pool.slots} of {total} routed experts resident ({expertpool.size_text(pool.allocated)}"
-            f" of {expertpool.size_text(expertpool.expert_bytes(f, cfg))}; {said}), the rest read from the file as "
-            f"routed; dense weights {expertpool.lock_dense(f)}")
+    where = f"in {backend} memory, " if memory == "device" else ""
+    line = (f"expert streaming: {pool.slots} of {total} routed experts resident ({where}"
+            f"{expertpool.size_text(pool.allocated)} of {expertpool.size_text(expertpool.expert_bytes(f, cfg))}; "
+            f"{said}), the rest read from the file as routed; dense weights "
+            f"{expertpool.lock_dense(f) if memory == 'host' else 'on the device'}")
     return pool, (line,)
 
 
@@ -199,7 +243,7 @@ def streaming_plan(path: str | os.PathLike[str], ctx: int = 32768, memory_budget
     on this machine (``ds4 inspect``): reads the header only, allocates nothing."""
     f, cfg, _, _ = _read_model(path)
     try:
-        budget, said = _streaming_budget(f, cfg, True, ctx, memory_budget)
+        budget, said = _streaming_budget(f, cfg, "host", "cpu", ctx, memory_budget)
         if budget is None:
             return said
         slots = expertpool.slots_for(f, cfg, budget)
@@ -233,13 +277,14 @@ def mlx_parts(f: GGUFFile, cfg: ModelConfig, tok: Tokenizer, backend: str, ctx: 
     """The MLX engine's parts over an opened model file on ``backend`` (as _pick_backend gave
     it): weights (with the expert pool when experts stream), the kernels (checked at open where
     they need it), the model."""
-    memory = _device_fit(f, cfg, backend, ctx, kernels)  # before anything is copied to the device
     pool, streaming = _expert_pool(f, cfg, backend, ctx, kernels, memory_budget, expert_profile)
     try:
+        memory = _device_fit(f, cfg, backend, ctx, kernels, pool)  # before anything is copied to the device
         weights = Weights(f, cfg, pool)
         impl, note = select_kernels(backend, weights, kernels)
-        if pool is not None and impl.name not in ("cpu", "cpu-exact"):
-            raise EngineError(f"expert streaming needs the CPU kernels, and they are unavailable here ({note})")
+        if pool is not None and impl.name not in STREAMING:
+            raise EngineError(f"expert streaming needs kernels that read the pool ({', '.join(STREAMING)}); the "
+                              f"{impl.name} kernels were chosen here ({note})")
     except BaseException:
         if pool is not None:
             pool.close()

@@ -83,6 +83,9 @@ class ExpertRows:
     d_row_bytes: int
     F: int  # rows of gate and up (the expert's hidden width)
     keep: object = None  # what the addresses point into, kept alive as long as these are
+    # From the pool: the slot of each expert a call holds (int32, n_expert entries, -1 for the
+    # others), for kernels that address the pool's memory by slot rather than by address.
+    slots: np.ndarray | None = None
 
     @classmethod
     def over(cls, gate: np.ndarray, up: np.ndarray, gu_type: int, down: np.ndarray, d_type: int) -> "ExpertRows":
@@ -185,9 +188,13 @@ class ExpertPool:
     """``budget`` bytes of slots over the routed experts of ``f``; ``policy`` "lru" (evict the
     least recently used) or "lfu" (the least often used, counts halved every time as many uses
     as there are slots have passed, so that yesterday's favourites age out); ``readers``
-    threads read."""
+    threads read. ``allocate`` (bytes -> (a writable uint8 view of that many bytes, the object
+    that owns them)) gives the slots' memory when it must be elsewhere than in an anonymous
+    mapping of the process: the GPU kernels' device memory (kernels/resident.py
+    device_buffer), which the reads fill directly and the kernels read in place."""
 
-    def __init__(self, f: GGUFFile, cfg: ModelConfig, budget: int, policy: str = "lru", readers: int = 4) -> None:
+    def __init__(self, f: GGUFFile, cfg: ModelConfig, budget: int, policy: str = "lru", readers: int = 4,
+                 allocate: Callable[[int], tuple[np.ndarray, object]] | None = None) -> None:
         if policy not in POLICIES:
             raise PoolError(f"unknown eviction policy {policy!r} (choose from {', '.join(POLICIES)})")
         self.file, self.cfg, self.policy = f, cfg, policy
@@ -198,8 +205,16 @@ class ExpertPool:
             raise PoolError(f"a memory budget of {size_text(budget)} holds no routed expert (one takes "
                             f"{size_text(self.slot_bytes)})")
         self.budget = budget
-        self._mem = mmap.mmap(-1, self.slots * self.slot_bytes)  # anonymous: page-aligned, ours
-        self._buf = np.frombuffer(self._mem, dtype=np.uint8)
+        size = self.slots * self.slot_bytes
+        if allocate is None:
+            self._mem: object = mmap.mmap(-1, size)  # anonymous: page-aligned, ours
+            self._buf = np.frombuffer(self._mem, dtype=np.uint8)
+        else:
+            view, self._mem = allocate(size)
+            if view.dtype != np.uint8 or view.ndim != 1 or view.size < size or not view.flags.writeable \
+                    or not view.flags.c_contiguous:
+                raise PoolError(f"the memory given for the slots is not {size_text(size)} of writable bytes")
+            self._buf = view[:size]
         self._base = self._buf.ctypes.data
         self._slot = [_Slot() for _ in range(self.slots)]
         self._where: dict[int, int] = {}  # key -> slot
@@ -229,6 +244,21 @@ class ExpertPool:
     def address(self) -> int:
         """Where the slots start in this process's memory."""
         return self._base
+
+    @property
+    def memory(self) -> np.ndarray:
+        """The slots' bytes (slot s at s · slot_bytes), as the host sees them."""
+        return self._buf
+
+    @property
+    def backing(self) -> object:
+        """What owns the slots' memory: the object ``allocate`` returned (a device array), or
+        the pool's own mapping."""
+        return self._mem
+
+    def offsets(self, layer: int) -> tuple[int, int, int]:
+        """Where gate, up and down of ``layer``'s experts start within a slot."""
+        return self._layers[layer].at
 
     def spans(self, experts: np.ndarray) -> list[np.ndarray]:
         """The distinct ``experts`` (ascending) cut into runs that fit the pool at once."""
@@ -266,10 +296,13 @@ class ExpertPool:
                 fut.result()  # a read error is raised here, in the caller
             self.stats.stall_s += time.perf_counter() - t0 if waits else 0.0
             tables = [np.zeros(n, dtype=np.uint64) for _ in range(3)]
+            slots = np.full(n, -1, dtype=np.int32)
             for e, s in zip(experts, held):
+                slots[e] = s
                 for table, at in zip(tables, lay.at):
                     table[e] = self._base + s * self.slot_bytes + at
-            yield ExpertRows(*tables, lay.gu_type, lay.gu_row_bytes, lay.d_type, lay.d_row_bytes, lay.F, self._buf)
+            yield ExpertRows(*tables, lay.gu_type, lay.gu_row_bytes, lay.d_type, lay.d_row_bytes, lay.F, self._buf,
+                             slots)
         finally:
             with self._lock:
                 for s in held:
@@ -339,10 +372,12 @@ class ExpertPool:
     def close(self) -> None:
         self._readers.shutdown(wait=True)
         self._buf = None  # our own view of the mapping, which would keep it open
-        try:
-            self._mem.close()
-        except BufferError:  # a caller still holds ExpertRows over it; freed when dropped
-            pass
+        if isinstance(self._mem, mmap.mmap):
+            try:
+                self._mem.close()
+            except BufferError:  # a caller still holds ExpertRows over it; freed when dropped
+                pass
+        self._mem = None  # given memory is freed when its owner's last reference goes
 
     def resident(self) -> list[tuple[int, int]]:
         """(layer, expert) of every filled slot."""

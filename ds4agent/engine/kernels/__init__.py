@@ -86,6 +86,8 @@ def select(backend: str, weights: Weights, requested: str | None = None) -> tupl
         raise KernelError(f"{requested} kernels need the {need} backend (the engine runs on {backend})")
     built, notes = [], []
     for which in AUTO[backend] if requested == "auto" else (requested,):
+        if weights.pool is not None and which == "kquant" and requested == "auto":
+            continue  # its gather kernels read whole expert tensors: not with experts streaming
         try:
             built.append(_build(which, weights))
         except ImportError as e:

@@ -210,7 +210,7 @@ BODIES = {
         const uint32_t s = gid % n_split, f = gid / n_split % F, tile = gid / n_split / F;
         const uint32_t e = (uint32_t)tiles[3 * tile], start = (uint32_t)tiles[3 * tile + 1];
         const uint32_t n = (uint32_t)tiles[3 * tile + 2];
-        const size_t roff = ((size_t)e * F + f) * RB;
+        const size_t roff = (size_t)e * XS + (size_t)f * RB;
         const uint32_t b1 = (s + 1) * chunk < N / BE ? (s + 1) * chunk : N / BE;
         float ag[TILE], au[TILE];
         uint32_t tok[TILE];
@@ -221,8 +221,8 @@ BODIES = {
         for (uint32_t b = s * chunk; b < b1; b++) {
             for (uint32_t j = 0; j < (uint32_t)SB; j++) {
                 float wg[32], wu[32];
-                deq32(QT, gate + roff + (size_t)b * BB, (int)j, wg, iq_grid, iq_signs);
-                deq32(QT, up + roff + (size_t)b * BB, (int)j, wu, iq_grid, iq_signs);
+                deq32(QT, gate + GO + roff + (size_t)b * BB, (int)j, wg, iq_grid, iq_signs);
+                deq32(QT, up + UO + roff + (size_t)b * BB, (int)j, wu, iq_grid, iq_signs);
                 const size_t c = (size_t)b * BE + 32 * j;
                 for (uint32_t p = 0; p < (uint32_t)TILE; p++) {
                     float dg = 0.0f, du = 0.0f;
@@ -267,7 +267,7 @@ BODIES = {
         const uint32_t s = gid % n_split, r = gid / n_split % R, tile = gid / n_split / R;
         const uint32_t e = (uint32_t)tiles[3 * tile], start = (uint32_t)tiles[3 * tile + 1];
         const uint32_t n = (uint32_t)tiles[3 * tile + 2];
-        const GLOBAL uint8_t *row = down + ((size_t)e * R + r) * RB;
+        const GLOBAL uint8_t *row = down + DO + (size_t)e * XS + (size_t)r * RB;
         const uint32_t b1 = (s + 1) * chunk < N / BE ? (s + 1) * chunk : N / BE;
         float acc[TILE];
         uint32_t pos[TILE];
@@ -504,19 +504,42 @@ def expert_plan(sel: np.ndarray, n_expert: int) -> ExpertPlan:
     return ExpertPlan(order, inv, np.ascontiguousarray(tiles), tile, T, K)
 
 
-def plan_experts(gu_type: int, d_type: int, plan: ExpertPlan, F: int, E: int) -> list[Launch]:
+@dataclass(frozen=True)
+class ExpertLayout:
+    """Where the expert kernels find expert (or pool slot) e's matrices in the buffers they are
+    given: gate/up rows at ``gate + go + e·gu_stride`` and ``up + uo + e·gu_stride``, down rows
+    at ``down + do + e·d_stride``. Over the file's tensors every offset is 0 and the stride is
+    one expert; over the expert pool (engine/expertpool.py) the three buffers are the pool's
+    memory, the stride one slot and the offsets where the layer's matrices sit in a slot."""
+
+    gu_stride: int
+    d_stride: int
+    go: int = 0
+    uo: int = 0
+    do: int = 0
+
+
+def plan_experts(gu_type: int, d_type: int, plan: ExpertPlan, F: int, E: int, layout: ExpertLayout | None = None,
+                 n_run: int | None = None) -> list[Launch]:
     """The four launches of the routed FFN for ``plan``: gate/up partials, SwiGLU, down
-    partials, the per-token sum. E is the hidden width, F the expert's."""
+    partials, the per-token sum. E is the hidden width, F the expert's. ``n_run``: the gate/up
+    and down launches cover only that many of the plan's tiles (a run of them handed over
+    separately, as when the expert pool holds a layer's experts in several turns); their
+    splits are still the whole plan's, so every partial sum is the same bits either way."""
     n_tiles, A = len(plan.tiles), plan.T * plan.K
+    n_run = n_tiles if n_run is None else n_run
     gu = _type_template(gu_type, E)
     gu.update(TILE=plan.tile, F=F, K=plan.K, N=E, RB=E // gu["BE"] * gu["BB"])
-    S1, ch1 = splits(n_tiles * F, E // gu["BE"])
     dn = _type_template(d_type, F)
     dn.update(TILE=plan.tile, R=E, N=F, RB=F // dn["BE"] * dn["BB"])
+    layout = layout or ExpertLayout(F * gu["RB"], E * dn["RB"])
+    gu.update(XS=layout.gu_stride, GO=layout.go, UO=layout.uo)
+    dn.update(XS=layout.d_stride, DO=layout.do)
+    S1, ch1 = splits(n_tiles * F, E // gu["BE"])
     S2, ch2 = splits(n_tiles * E, F // dn["BE"])
-    return [_launch("moe_gate_up", n_tiles * F * S1, (A * F * 2 * S1,), gu, (n_tiles, S1, ch1)),
+    return [_launch("moe_gate_up", n_run * F * S1, (A * F * 2 * S1,), gu, (n_run, S1, ch1)),
             _launch("moe_glu", A * F, (A, F), {"F": F}, (A, S1)),
-            _launch("moe_down", n_tiles * E * S2, (A * E * S2,), dn, (n_tiles, S2, ch2)),
+            _launch("moe_down", n_run * E * S2, (A * E * S2,), dn, (n_run, S2, ch2)),
             _launch("moe_sum", plan.T * E, (plan.T, E), {"K": plan.K, "R": E}, (plan.T, S2))]
 
 
@@ -584,6 +607,8 @@ class GpuKernels(ReferenceKernels):
         grid, signs = iq2xxs_tables()
         self._grid, self._signs = self._to_device(grid.reshape(-1)), self._to_device(signs.reshape(-1))
         self._kernel("matmul")  # fail at open, not mid-answer, when the toolchain is missing
+        if weights.pool is not None:
+            self._pool_memory(weights.pool)  # the pool's slots must be where the kernels read
 
     def _kernel(self, kind: str):
         k = self._kernels.get(kind)
@@ -675,16 +700,56 @@ class GpuKernels(ReferenceKernels):
             raise ValueError(f"layer {layer}: gate and up experts of different types ({tg.type_name}, {tu.type_name})")
         E, F = x.shape[1], tg.shape[1]
         plan = expert_plan(sel, tg.shape[0])
-        gate_up, glu, down, total = plan_experts(tg.type, td.type, plan, F, E)
-        tiles, order, inv = (self._to_device(_padded(a)) for a in (plan.tiles.reshape(-1), plan.order, plan.inv))
+        x = x.astype(mx.float32)
         route = weights.astype(mx.float32).reshape(-1)
         if route.size < SMALL:
             route = mx.concatenate([route, mx.zeros((SMALL - route.size,), dtype=mx.float32)])
-        part = self._run(gate_up, [self._bytes(p + "gate_exps.weight"), self._bytes(p + "up_exps.weight"),
-                                   x.astype(mx.float32), tiles, order, self._grid, self._signs])
+        order, inv = self._to_device(_padded(plan.order)), self._to_device(_padded(plan.inv))
+        pool = self.w.pool
+        if pool is None:
+            launches = plan_experts(tg.type, td.type, plan, F, E)
+            buffers = [self._bytes(p + k + "_exps.weight") for k in ("gate", "up", "down")]
+            part = self._down_partials(launches, buffers, plan.tiles, x, order, route, clamp)
+            return self._run(launches[3], [part, inv])
+        # Streamed (engine/expertpool.py): the kernels read the pool's memory by slot. The plan
+        # is sorted by expert, so each run of experts the pool holds at once is a run of tiles
+        # and of sorted positions; each run's down partials are kept and the per-token sum is
+        # made once over all of them, in the same order as from the file: the same bits.
+        slot = pool.slot_bytes
+        layout = ExpertLayout(slot, slot, *pool.offsets(layer))
+        memory = self._pool_memory(pool)
+        parts = []
+        for span in pool.spans(sel):
+            lo, hi = np.searchsorted(plan.tiles[:, 0], [span[0], span[-1] + 1])
+            launches = plan_experts(tg.type, td.type, plan, F, E, layout, n_run=int(hi - lo))
+            with pool.holding(layer, span) as rows:
+                tiles = plan.tiles[lo:hi].copy()
+                tiles[:, 0] = rows.slots[tiles[:, 0]]
+                part = self._down_partials(launches, [memory] * 3, tiles, x, order, route, clamp)
+                mx.eval(part)  # the slots may be refilled once released: read them first
+            first, last = plan.tiles[lo], plan.tiles[hi - 1]
+            size = part.size // (plan.T * plan.K)  # floats per sorted position
+            parts.append(part[int(first[1]) * size : int(last[1] + last[2]) * size])
+        part = parts[0] if len(parts) == 1 else mx.concatenate(parts)
+        return self._run(plan_experts(tg.type, td.type, plan, F, E, layout)[3], [part, inv])
+
+    def _down_partials(self, launches: list[Launch], buffers: list, tiles: np.ndarray, x: mx.array, order,
+                       route: mx.array, clamp: float) -> mx.array:
+        """Gate/up, SwiGLU and down over ``tiles`` (expert or slot, first position, count) of
+        the experts in ``buffers`` (gate, up, down) as ``launches`` lay them out: the down
+        partials of every sorted position those tiles cover."""
+        gate_up, glu, down, _ = launches
+        tiles = self._to_device(_padded(np.ascontiguousarray(tiles).reshape(-1)))
+        part = self._run(gate_up, [buffers[0], buffers[1], x, tiles, order, self._grid, self._signs])
         mid = self._run(glu, [part, order, route, mx.array([clamp], dtype=mx.float32)])
-        part = self._run(down, [self._bytes(p + "down_exps.weight"), mid, tiles, self._grid, self._signs])
-        return self._run(total, [part, inv])
+        return self._run(down, [buffers[2], mid, tiles, self._grid, self._signs])
+
+    def _pool_memory(self, pool):
+        """The expert pool's memory as the kernels take it: the device array it lives in."""
+        backing = pool.backing
+        if isinstance(backing, mx.array):
+            return backing
+        raise ValueError("the expert pool's slots are not in device memory")
 
     def hc_pre(self, X: mx.array, fn: str, scale: mx.array, base: mx.array):
         cfg = self.w.cfg

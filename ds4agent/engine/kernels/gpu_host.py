@@ -137,6 +137,12 @@ class HostGpuKernels(gpu.GpuKernels):
     def _to_device(self, a: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(a)
 
+    def _pool_memory(self, pool) -> np.ndarray:
+        """The expert pool's memory in place: its device array when it has one (read through
+        MLX, as a GPU would), else the host mapping itself."""
+        backing = pool.backing
+        return backing if isinstance(backing, mx.array) else pool.memory
+
     def _bytes(self, name: str) -> np.ndarray:
         """The tensor's bytes viewed in the mmap: the host reads them in place (and keeps the
         file's pages, which are all there is)."""

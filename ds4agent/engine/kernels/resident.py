@@ -87,17 +87,21 @@ class Residency:
     working: int
     ctx: int
     largest: tuple[str, int]  # the biggest single tensor (one device buffer each)
+    pooled: bool = False  # ``experts`` is the expert pool's slots, not every routed expert
 
     @property
     def total(self) -> int:
         return self.dense + self.experts + self.kv + self.working
 
     def describe(self) -> str:
-        return (f"{_gib(self.dense)} dense weights + {_gib(self.experts)} routed experts + {_gib(self.kv)} KV at "
+        experts = "expert pool" if self.pooled else "routed experts"
+        return (f"{_gib(self.dense)} dense weights + {_gib(self.experts)} {experts} + {_gib(self.kv)} KV at "
                 f"{self.ctx} tokens + {_gib(self.working)} working = {_gib(self.total)}")
 
 
-def plan(f: GGUFFile, cfg: ModelConfig, ctx: int) -> Residency:
+def plan(f: GGUFFile, cfg: ModelConfig, ctx: int, pool: int | None = None) -> Residency:
+    """What the device will hold; ``pool``: the bytes of an expert pool in device memory, which
+    then stands in for the routed-expert tensors (none of them is copied)."""
     dense = experts = 0
     largest = ("", 0)
     for name, t in f.tensors.items():
@@ -109,9 +113,40 @@ def plan(f: GGUFFile, cfg: ModelConfig, ctx: int) -> Residency:
             # Small tensors go through Weights.get as float32 when stored as F32 (the same
             # bytes) and stay F16 when F16: their file size is what the device holds.
             dense += t.nbytes
-        if t.nbytes > largest[1]:
+        if t.nbytes > largest[1] and not ("_exps." in name and pool is not None):
             largest = (name, t.nbytes)
-    return Residency(dense, experts, payload_size(cfg, ctx), WORKING_BYTES, ctx, largest)
+    if pool is not None:
+        experts = pool
+        if pool > largest[1]:
+            largest = ("the expert pool", pool)
+    return Residency(dense, experts, payload_size(cfg, ctx), WORKING_BYTES, ctx, largest, pool is not None)
+
+
+def device_buffer(nbytes: int) -> tuple[np.ndarray, mx.array]:
+    """``nbytes`` of device memory that the host writes in place and the GPU kernels read: (a
+    writable uint8 view of it, the MLX array that owns it). The expert pool's slots
+    (engine/expertpool.py): reads from the model file land where the kernels read them, with no
+    second copy in host memory. MLX's Metal buffers are shared with the CPU, and its CUDA
+    allocator hands out managed memory, so the host's view is the device's bytes; that is
+    checked here (a byte written by the host must be what a device operation reads), and
+    DeviceMemoryError says so when an MLX build keeps its arrays elsewhere."""
+    a = mx.zeros((nbytes,), dtype=mx.uint8)
+    mx.eval(a)
+    try:
+        view = np.array(a, copy=False)
+    except (ValueError, TypeError) as e:
+        raise DeviceMemoryError(f"this MLX build gives no host view of device memory ({e}); experts cannot stream "
+                                "to the GPU") from None
+    if view.size != nbytes or not view.flags.writeable:
+        raise DeviceMemoryError("this MLX build's device memory is not writable from the host; experts cannot "
+                                "stream to the GPU")
+    view[0], view[-1] = 0xA5, 0x5A
+    seen = int((a[:1].astype(mx.int32) * 256 + a[-1:].astype(mx.int32)).item())
+    view[0] = view[-1] = 0
+    if seen != 0xA55A:
+        raise DeviceMemoryError("the host's view of device memory is not what the device reads; experts cannot "
+                                "stream to the GPU")
+    return view, a
 
 
 def device_limits(backend: str) -> tuple[int | None, int | None, str]:
