@@ -58,10 +58,14 @@ def child(a: argparse.Namespace) -> None:
         prefill = a.prompt / (time.perf_counter() - t)
         after_prefill = e.streaming() or {}
         t = time.perf_counter()
-        n = 0
+        n, stamps = 0, []
         for _ in s.generate(SamplingParams(temperature=0), max_tokens=a.gen, stop_at_eos=False):
             n += 1
-        decode = (n - 1) / (time.perf_counter() - t)  # the first token was sampled from the prefill
+            stamps.append(time.perf_counter())
+        decode = (n - 1) / (stamps[-1] - t)  # the first token was sampled from the prefill
+        # Whether the rate holds: t/s over each quarter of the decoded tokens.
+        cuts = np.linspace(0, n - 1, 5).round().astype(int)
+        quarters = [round((b - a_) / (stamps[b] - stamps[a_]), 2) for a_, b in zip(cuts[:-1], cuts[1:]) if b > a_]
         pool = e.streaming() or {}
         lines = list(e.info.devices)
     tenth = {}
@@ -69,7 +73,7 @@ def child(a: argparse.Namespace) -> None:
         top = np.sort(c)[::-1][: max(1, len(c) // 10)]
         tenth[layer] = round(float(top.sum() / max(1, c.sum())), 3)
     out = {"prefill_tps": prefill, "decode_tps": decode, "open_s": opened, "lines": lines, "tenth": tenth,
-           "maxrss": _maxrss()}
+           "maxrss": _maxrss(), "quarters": quarters}
     if pool:
         out["pool"] = pool
         d = {key: pool[key] - after_prefill.get(key, 0) for key in ("bytes_read", "stall_s", "hits", "misses")}
@@ -189,8 +193,9 @@ def main() -> None:
                 if "error" in r:
                     print(f"{label}: {r['error']}", flush=True)
                     continue
-                line = (f"{label}: prefill {r['prefill_tps']:.1f} t/s, decode {r['decode_tps']:.2f} t/s, "
-                        f"open {r['open_s']:.1f} s, wall {r['wall_s']:.0f} s")
+                line = (f"{label}: prefill {r['prefill_tps']:.1f} t/s, decode {r['decode_tps']:.2f} t/s "
+                        f"(by quarter {' / '.join(map(str, r['quarters']))}), open {r['open_s']:.1f} s, wall "
+                        f"{r['wall_s']:.0f} s")
                 if "pool" in r:
                     p = r["pool"]
                     line += (f"; pool {p['slots']} slots, decode hit rate {100 * r['decode_hit_rate']:.1f}%, "

@@ -345,3 +345,30 @@ def test_mapping_asks_for_huge_pages(demo_path: Path) -> None:
         assert flags is not None and "hg" in flags, flags
     finally:
         f.close()
+
+
+def test_writer_makes_each_tensor_when_it_writes_it(tmp_path: Path) -> None:
+    """Data given as functions is made one tensor at a time, as the file is written (a shape
+    model of many layers is larger than memory): when a tensor's bytes are made, none made
+    before is still alive."""
+    import weakref
+
+    p = tmp_path / "lazy.gguf"
+    made: list[weakref.ref] = []
+    alive: list[int] = []
+
+    def make(i: int):
+        def data() -> np.ndarray:
+            alive.append(sum(r() is not None for r in made))
+            a = np.full(64, i, dtype=np.float32)
+            made.append(weakref.ref(a))
+            return a
+        return data
+
+    write_gguf(p, {}, [(f"t{i}", Q.F32, (64,), make(i)) for i in range(4)])
+    assert alive == [0, 0, 0, 0]  # each made as it is written, and let go once written
+    with GGUFFile(p) as f:
+        assert [int(f.array(f"t{i}")[0]) for i in range(4)] == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match="t: 160 bytes given"):
+        write_gguf(tmp_path / "bad.gguf", {}, [("t", Q.F32, (64,), lambda: np.zeros(40, np.float32))])
+    assert not list(tmp_path.glob("bad.gguf*"))

@@ -16,6 +16,7 @@ import json
 import os
 import zlib
 from dataclasses import dataclass, replace
+from functools import partial
 from importlib import resources
 from pathlib import Path
 from typing import Iterator
@@ -280,7 +281,8 @@ def write_model(path: str | os.PathLike[str], c: ModelConfig, preset: str = "tin
                 qtype = Q.Q2_K
             else:
                 (qtype,) = spec.types
-            data = _tensor_data(c, name, spec.dims, qtype, seed, skew) if with_data else None
+            # Made when the tensor is written: a shape model of many layers is larger than memory.
+            data = partial(_tensor_data, c, name, spec.dims, qtype, seed, skew) if with_data else None
             yield name, int(qtype), spec.dims, data
 
     # The skew is not in the metadata: a skewed copy (write_skewed_copy) is then the same file.

@@ -23,7 +23,7 @@ import threading
 from dataclasses import dataclass
 from enum import IntEnum
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
@@ -512,21 +512,26 @@ def _pack_value(vtype: int, value: Any) -> bytes:
     return struct.pack(_SCALAR_FMT[vtype], value)
 
 
+TensorData = bytes | memoryview | np.ndarray | None | Callable[[], "bytes | memoryview | np.ndarray"]
+
+
 def write_gguf(
     path: str | os.PathLike[str],
     metadata: Meta,
-    tensors: Iterable[tuple[str, int, tuple[int, ...], bytes | memoryview | np.ndarray | None]],
+    tensors: Iterable[tuple[str, int, tuple[int, ...], TensorData]],
     alignment: int = DEFAULT_ALIGNMENT,
 ) -> None:
     """Write a GGUF v3 file atomically (temp file + rename).
 
     ``tensors`` yields (name, ggml_type, GGUF dims fastest-first, raw bytes). Data ``None``
     leaves a hole (a sparse file of the right size): header-only files with the real 81 GiB
-    layout let tests check the validator and our memory use without the weights.
+    layout let tests check the validator and our memory use without the weights. Data may
+    also be a function that returns the bytes: it is called when the tensor is written, so a
+    file larger than memory is written one tensor at a time.
     ``alignment`` is written as ``general.alignment`` when it differs from the default.
     """
     path = str(path)
-    tensors = list(tensors)
+    tensors = list(tensors)  # (the data itself may still be a function: made when written)
     meta = dict(metadata)
     if alignment != DEFAULT_ALIGNMENT:
         meta["general.alignment"] = (ValueType.UINT32, alignment)
@@ -538,18 +543,22 @@ def write_gguf(
         header.append(_pack_value(vtype, value))
     offset = 0
     layout = []
+    def checked(name: str, ttype: int, dims: tuple[int, ...], data) -> memoryview | None:
+        if data is None:
+            return None
+        blob = memoryview(np.ascontiguousarray(data) if isinstance(data, np.ndarray) else data).cast("B")
+        if blob.nbytes != tensor_nbytes(ttype, dims):
+            raise ValueError(f"{name}: {blob.nbytes} bytes given, {type_name(ttype)} {list(dims)} needs "
+                             f"{tensor_nbytes(ttype, dims)}")
+        return blob
+
     for name, ttype, dims, data in tensors:
         nbytes = tensor_nbytes(ttype, dims)
-        if data is None:
-            blob = None
-        else:
-            blob = memoryview(np.ascontiguousarray(data) if isinstance(data, np.ndarray) else data).cast("B")
-        if blob is not None and blob.nbytes != nbytes:
-            raise ValueError(f"{name}: {blob.nbytes} bytes given, {type_name(ttype)} {list(dims)} needs {nbytes}")
+        blob = data if callable(data) else checked(name, ttype, dims, data)
         header.append(_pack_value(ValueType.STRING, name))
         header.append(struct.pack("<I", len(dims)) + struct.pack(f"<{len(dims)}Q", *dims))
         header.append(struct.pack("<IQ", ttype, offset))
-        layout.append((blob, nbytes))
+        layout.append((name, ttype, dims, blob, nbytes))
         offset += -(-nbytes // alignment) * alignment
 
     tmp = f"{path}.tmp-{os.getpid()}"
@@ -558,8 +567,10 @@ def write_gguf(
             head = b"".join(header)
             f.write(head)
             f.write(b"\0" * (-len(head) % alignment))
-            for i, (blob, nbytes) in enumerate(layout):
+            for i, (name, ttype, dims, blob, nbytes) in enumerate(layout):
                 pad = -nbytes % alignment if i + 1 < len(layout) else 0  # no tail padding
+                if callable(blob):
+                    blob = checked(name, ttype, dims, blob())
                 if blob is None:
                     f.seek(nbytes + pad, os.SEEK_CUR)
                 else:
