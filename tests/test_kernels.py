@@ -615,7 +615,7 @@ def test_other_x86_builds_agree(tmp_path, march: str) -> None:
     cpu_build.compile_shared(cpu_build.compiler(), flags, cpu_build.SOURCE, out)
     lib = ctypes.CDLL(str(out))
     P, I = ctypes.c_void_p, ctypes.c_int64
-    lib.ds4_matmul.argtypes = [P, ctypes.c_int, I, I, I, P, I, P, ctypes.c_int]
+    lib.ds4_matmul.argtypes = [P, ctypes.c_int, I, I, I, P, I, P, ctypes.c_int, ctypes.c_int]
     lib.ds4_set_iq2_tables.argtypes = [P, P]
     grid, signs = iq2xxs_tables()
     lib.ds4_set_iq2_tables(grid.ctypes.data, signs.ctypes.data)
@@ -633,7 +633,7 @@ def test_other_x86_builds_agree(tmp_path, march: str) -> None:
             for int8 in (0, 1):
                 y = np.empty((T, rows), np.float32)
                 assert lib.ds4_matmul(raw.ctypes.data, int(qtype), raw.shape[1], rows, n, x.ctypes.data, T,
-                                      y.ctypes.data, int8) == 0
+                                      y.ctypes.data, int8, 0) == 0
                 if int8 and march == "x86-64-v3" and qtype in QUANT:
                     mine = cpu.matmul_raw(raw, qtype, n, x, int8=True)  # this machine's integer path
                     assert np.abs(y - mine).max() <= 1e-6 * np.abs(mine).max(), (qtype, T)

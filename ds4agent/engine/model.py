@@ -6,6 +6,11 @@ a batch computes all its projections at once, then reproduces the token-by-token
 with masks (the raw window, compressed rows emitted so far, indexer choices), never by
 peeking at later tokens. Dimensions come from ModelConfig; nothing is specialised to 43 layers.
 
+Several sessions decoding together run as one pass too (``forward_batch``, docs/batching.md):
+their tokens are the rows of every product, and each session's attention, compressor and
+indexer run over its own state (a ``Rows`` per session). The products are then asked for each
+row's bits as alone (the kernels' ``alone``), so a session's logits do not depend on the batch.
+
 Arrays are MLX arrays, or numpy arrays when the CPU kernels run (engine/xp.py says why): the
 helpers below take the namespace of their input, the Model that of its kernels.
 
@@ -51,6 +56,16 @@ class Part:
     vocab: tuple[int, int]  # rows of the output head
     reduce: Callable[[Any], Any]  # the sum over all processes of their partial outputs
     gather: Callable[[Any], Any]  # logit columns of every process, side by side, in rank order
+
+
+@dataclass(frozen=True)
+class Rows:
+    """One session's rows lo .. hi of a forward pass, its state and its first position."""
+
+    state: ModelState
+    p0: int
+    lo: int
+    hi: int
 
 
 # -- compressor ---------------------------------------------------------------------------------
@@ -177,6 +192,22 @@ class Model:
         self.advance(state, len(ids))
         return self.head(X, all_logits)
 
+    def forward_batch(self, ids: np.ndarray, states: list[ModelState]) -> mx.array:
+        """One token of each of several sessions (``ids[b]`` at position states[b].n_tokens) in
+        one pass: the logits (B, V), each row the bits that session gets from ``forward`` alone;
+        every state advances by one token."""
+        if self.part is not None:
+            raise ValueError("a distributed group runs one session at a time")
+        ids = np.asarray(ids, dtype=np.int64)
+        if ids.shape != (len(states),) or len({id(st) for st in states}) != len(states):
+            raise ValueError(f"a batch takes one token for each of distinct sessions ({ids.shape} for {len(states)})")
+        rows = [Rows(st, st.n_tokens, b, b + 1) for b, st in enumerate(states)]
+        pos = np.array([st.n_tokens for st in states], dtype=np.int64)
+        X = self._pass(self.embed(ids), ids, pos, rows, range(self.cfg.n_layer), alone=len(states) > 1)
+        for st in states:
+            self.advance(st, 1)
+        return self._head(X, alone=len(states) > 1)
+
     # A pipeline stage (engine/group/distributed.py) runs the same pieces: embed on the first stage,
     # ``layers`` over its own range, ``head`` on the last; ``advance`` on every stage.
     def embed(self, ids: np.ndarray):
@@ -188,16 +219,20 @@ class Model:
     def layers(self, X, ids: np.ndarray, state: ModelState, layers: range):
         """Streams X of tokens ``ids`` (positions state.n_tokens ...) through ``layers``,
         advancing their states; state.n_tokens is left to ``advance``."""
-        xp = self.xp
-        T = len(ids)
         p0 = state.n_tokens
-        pos = np.arange(p0, p0 + T)
-        state.use(xp)
+        return self._pass(X, ids, np.arange(p0, p0 + len(ids)), [Rows(state, p0, 0, len(ids))], layers)
+
+    def _pass(self, X, ids: np.ndarray, pos: np.ndarray, rows: list[Rows], layers: range, alone: bool = False):
+        """Streams X of tokens ``ids`` at positions ``pos`` through ``layers``, each session's
+        rows over its own state (``rows``); ``alone``: the rows are different sessions'."""
+        xp = self.xp
+        for r in rows:
+            r.state.use(xp)
         tables = {c: self.rope.tables(pos, c, xp) for c in (False, True)}
         if len(layers):
             self._prefetch(layers[0], None, ids)
         for i in layers:
-            X = self._layer(i, X, ids, pos, tables, state.layers[i], p0)
+            X = self._layer(i, X, ids, pos, tables, rows, alone)
             xp.eval(X)  # one layer's graph at a time keeps peak memory to a layer's temporaries
         return X
 
@@ -209,19 +244,22 @@ class Model:
         """Logits of the last token (V,), or of every token (T, V)."""
         return self._head(X) if all_logits else self._head(X[-1:])[0]
 
-    def _layer(self, i: int, X, ids, pos, tables, st: LayerState, p0: int) -> mx.array:
+    def _layer(self, i: int, X, ids, pos, tables, rows: list[Rows], alone: bool) -> mx.array:
         w = self.param
         p = f"blk.{i}."
+        # (a keyword only in a batch: kernels that never batch keep their signatures)
+        one = {"alone": True} if alone else {}
         x, post, M = self.k.hc_pre(X, p + "hc_attn_fn.weight", w(p + "hc_attn_scale.weight"),
-                                   w(p + "hc_attn_base.weight"))
-        y = self._attention(i, x, pos, tables, st, p0)
+                                   w(p + "hc_attn_base.weight"), **one)
+        y = self._attention(i, x, pos, tables, rows, one)
         X = self.k.hc_post(y, X, post, M)
-        x, post, M = self.k.hc_pre(X, p + "hc_ffn_fn.weight", w(p + "hc_ffn_scale.weight"), w(p + "hc_ffn_base.weight"))
-        y = self._ffn(i, x, ids)
+        x, post, M = self.k.hc_pre(X, p + "hc_ffn_fn.weight", w(p + "hc_ffn_scale.weight"),
+                                   w(p + "hc_ffn_base.weight"), **one)
+        y = self._ffn(i, x, ids, one)
         return self.k.hc_post(y, X, post, M)
 
     # Attention -------------------------------------------------------------------------------
-    def _attention(self, i: int, x: mx.array, pos: np.ndarray, tables, st: LayerState, p0: int) -> mx.array:
+    def _attention(self, i: int, x: mx.array, pos: np.ndarray, tables, rows: list[Rows], one: dict) -> mx.array:
         cfg, w, lin, p, xp = self.cfg, self.param, self.k.linear, f"blk.{i}.", self.xp
         T, R = x.shape[0], cfg.n_rot
         ratio = cfg.ratio(i)
@@ -229,16 +267,19 @@ class Model:
         rmsn = fused(norm, cfg.rms_eps)
         a = rmsn(x, w(p + "attn_norm.weight"))
         # Every product of the normalised input ``a`` in one kernel call; the indexer's only
-        # once some query has more compressed rows than it may attend (see _indexer).
-        index = ratio == 4 and (int(pos[-1]) + 1) // 4 > cfg.indexer_top_k
+        # once some query has more compressed rows than it may attend (see _indexer): in a
+        # batch, for all rows when any session needs it (the others ignore theirs).
+        indexed = [ratio == 4 and (int(pos[r.hi - 1]) + 1) // 4 > cfg.indexer_top_k for r in rows]
+        index = any(indexed)
         names = ["attn_q_a", "attn_kv"] + (["attn_compressor_kv", "attn_compressor_gate"] if ratio else [])
         names += ["indexer_compressor_kv", "indexer_compressor_gate"] if ratio == 4 else []
         names += ["indexer.proj"] if index else []
-        pa = dict(zip(names, self.k.linears(a, tuple(p + n + ".weight" for n in names))))
+        pa = dict(zip(names, self.k.linears(a, tuple(p + n + ".weight" for n in names), **one)))
         qr = rmsn(pa["attn_q_a"], w(p + "attn_q_a_norm.weight"))
         part = self.part
         if part is None:
-            pq = self.k.linears(qr, (p + "attn_q_b.weight",) + ((p + "indexer.attn_q_b.weight",) if index else ()))
+            pq = self.k.linears(qr, (p + "attn_q_b.weight",) + ((p + "indexer.attn_q_b.weight",) if index else ()),
+                                **one)
             h0, h1 = 0, cfg.n_head
         else:  # this process's heads: their rows of attn_q_b; the indexer's query in full
             h0, h1 = (g * (cfg.n_head // cfg.n_out_group) for g in part.groups)
@@ -248,6 +289,48 @@ class Model:
         kv = rmsn(pa["attn_kv"], w(p + "attn_kv_a_norm.weight"))
         kv = self._finish_kv(fused(Rope.apply, R)(kv, cos, sin))
 
+        # Each session over its own state: keys, masks and the updated window and compressed rows.
+        views = []
+        for r, idx in zip(rows, indexed):
+            whole = len(rows) == 1  # (one session: its arrays as they are, no slices)
+            mine = pa if whole else {k: v[r.lo : r.hi] for k, v in pa.items()}
+            qi = (pq[1] if whole else pq[1][r.lo : r.hi]) if idx else None
+            views.append(self._visible(i, mine, qi, kv if whole else kv[r.lo : r.hi], pos[r.lo : r.hi],
+                                       (tables[True][0][r.lo : r.hi], tables[True][1][r.lo : r.hi]) if ratio == 4
+                                       else None, r.state.layers[i], r.p0))
+        if h1 == h0:  # an expert-split process with no heads (more processes than groups)
+            return self.part.reduce(xp.zeros((T, cfg.n_embd), xp.float32))
+
+        q = self.k.queries(pq[0], cos, sin)  # (H, T, D), this process's heads
+        sinks = w(p + "attn_sinks.weight")
+        sinks = sinks if part is None else sinks[h0:h1]
+        if len(rows) == 1:
+            out = self.k.attend(q, views[0][0], views[0][1], sinks)  # (H, T, D): K = V
+        else:
+            out = xp.concatenate([self.k.attend(q[:, r.lo : r.hi], keys, mask, sinks)
+                                  for r, (keys, mask) in zip(rows, views)], axis=1)
+
+        # Grouped projection: group g = contiguous heads, through rows g·rank..(g+1)·rank of
+        # attn_output_a; not one big matmul over all heads.
+        slabs = self.k.unrotate(out, cos, sin)
+        if part is None:
+            return lin(self.k.grouped(slabs, p + "attn_output_a.weight", **one), p + "attn_output_b.weight", **one)
+        # Groups g0..g1: their rows of attn_output_a, then their columns of attn_output_b; the
+        # partial outputs of all processes sum to the whole projection.
+        g0, g1 = part.groups
+        rank = cfg.o_lora_rank
+        low = xp.concatenate([lin(slabs[:, g - g0], p + "attn_output_a.weight", (g * rank, (g + 1) * rank))
+                              for g in range(g0, g1)], axis=-1)
+        return part.reduce(lin(low, p + "attn_output_b.weight", None, (g0 * rank, g1 * rank)))
+
+    def _visible(self, i: int, pa: dict, qi, kv, pos: np.ndarray, table, st: LayerState, p0: int):
+        """One session's side of a layer's attention over its rows (products ``pa``, indexer
+        query ``qi`` or None, new KV rows ``kv`` at positions ``pos``): the compressed rows its
+        batch completes, the indexer's choice, then the keys it attends (N, D) and the mask
+        (T, N); its window and compressed rows advance in ``st``."""
+        cfg, xp, R = self.cfg, self.xp, self.cfg.n_rot
+        ratio = cfg.ratio(i)
+        T = kv.shape[0]
         # Compressed rows emitted by this batch, visible from their window's last token on.
         selected = None
         if ratio:
@@ -257,7 +340,7 @@ class Model:
                 c, s = self.rope.tables(rpos, True, xp)
                 st.comp = xp.concatenate([st.comp, self._finish_kv(fused(Rope.apply, R)(rows, c, s))], axis=0)
             if ratio == 4:
-                selected = self._indexer(i, pa, pq[1] if index else None, pos, tables[True], st, p0)
+                selected = self._indexer(i, pa, qi, pos, table, st, p0)
 
         # Raw window: earlier rows (positions p0-n_raw .. p0-1) then this batch.
         keys = xp.concatenate([st.raw, kv], axis=0)
@@ -272,25 +355,7 @@ class Model:
                 cvis &= selected
             mask = np.concatenate([visible, cvis], axis=1)
         st.raw = xp.concatenate([st.raw, kv], axis=0)[-cfg.sliding_window :]
-        if h1 == h0:  # an expert-split process with no heads (more processes than groups)
-            return self.part.reduce(xp.zeros((T, cfg.n_embd), xp.float32))
-
-        q = self.k.queries(pq[0], cos, sin)  # (H, T, D), this process's heads
-        sinks = w(p + "attn_sinks.weight")
-        out = self.k.attend(q, keys, mask, sinks if part is None else sinks[h0:h1])  # (H, T, D): K = V
-
-        # Grouped projection: group g = contiguous heads, through rows g·rank..(g+1)·rank of
-        # attn_output_a; not one big matmul over all heads.
-        slabs = self.k.unrotate(out, cos, sin)
-        if part is None:
-            return lin(self.k.grouped(slabs, p + "attn_output_a.weight"), p + "attn_output_b.weight")
-        # Groups g0..g1: their rows of attn_output_a, then their columns of attn_output_b; the
-        # partial outputs of all processes sum to the whole projection.
-        g0, g1 = part.groups
-        rank = cfg.o_lora_rank
-        low = xp.concatenate([lin(slabs[:, g - g0], p + "attn_output_a.weight", (g * rank, (g + 1) * rank))
-                              for g in range(g0, g1)], axis=-1)
-        return part.reduce(lin(low, p + "attn_output_b.weight", None, (g0 * rank, g1 * rank)))
+        return keys, mask
 
     def _finish_kv(self, rows: mx.array) -> mx.array:
         """KV cache rounding: FP8 on the non-RoPE dims, then f16 (docs/model.md §3.4c)."""
@@ -346,13 +411,14 @@ class Model:
         return sel & (cols[None, :] < n_vis[:, None])
 
     # Mixture of experts ----------------------------------------------------------------------
-    def _ffn(self, i: int, x: mx.array, ids: np.ndarray) -> mx.array:
+    def _ffn(self, i: int, x: mx.array, ids: np.ndarray, one: dict | None = None) -> mx.array:
         cfg, w, p, xp = self.cfg, self.param, f"blk.{i}.", self.xp
+        one = one or {}
         f = fused(norm, cfg.rms_eps)(x, w(p + "ffn_norm.weight"))
         part = self.part
         if part is None:
             names = tuple(p + n + ".weight" for n in ("ffn_gate_inp", "ffn_gate_shexp", "ffn_up_shexp"))
-            logits, g, u = self.k.linears(f, names)
+            logits, g, u = self.k.linears(f, names, **one)
         else:  # the router in full; this process's rows of the shared expert
             logits = self.k.linear(f, p + "ffn_gate_inp.weight")
             c0, c1 = part.shared
@@ -371,8 +437,8 @@ class Model:
         clamp = cfg.swiglu_clamp[i]
         self._prefetch(i + 1, f, ids)  # read while this layer's experts compute
         if part is None:
-            routed = self.k.experts(i, f, sel, weights, clamp)
-            shared = self.k.linear(swiglu(g, u, clamp), p + "ffn_down_shexp.weight")
+            routed = self.k.experts(i, f, sel, weights, clamp, **one)
+            shared = self.k.linear(swiglu(g, u, clamp), p + "ffn_down_shexp.weight", **one)
             return routed + shared
         out = self._own_experts(i, f, sel, weights, clamp)
         if c1 > c0:
@@ -423,14 +489,15 @@ class Model:
         return out
 
     # Output head -----------------------------------------------------------------------------
-    def _head(self, X: mx.array) -> mx.array:
+    def _head(self, X: mx.array, alone: bool = False) -> mx.array:
         cfg, w, xp = self.cfg, self.param, self.xp
+        one = {"alone": True} if alone else {}
         T, hc, E = X.shape
         flat = rms_norm(X.reshape(T, hc * E), None, cfg.rms_eps)
-        pre = self.k.linear(flat, "output_hc_fn.weight")
+        pre = self.k.linear(flat, "output_hc_fn.weight", **one)
         wts = xp.sigmoid(pre * w("output_hc_scale.weight")[0] + w("output_hc_base.weight")) + cfg.hc_eps
         e = xp.sum(wts[:, :, None] * X, axis=1)
         h = rms_norm(e, w("output_norm.weight"), cfg.rms_eps)
         if self.part is None:
-            return self.k.linear(h, "output.weight")
+            return self.k.linear(h, "output.weight", **one)
         return self.part.gather(self.k.linear(h, "output.weight", self.part.vocab))  # each row as computed alone

@@ -262,8 +262,8 @@ def _bridge(reference, op: str, xp):
     if xp is reference.xp:
         return fn
 
-    def call(*args):
-        out = fn(*_in(reference.xp, op, args))
+    def call(*args, **kw):
+        out = fn(*_in(reference.xp, op, args), **kw)
         if isinstance(out, (tuple, list)):
             return type(out)(to(xp, a) for a in out)
         return to(xp, out)

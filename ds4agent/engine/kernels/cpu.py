@@ -73,9 +73,9 @@ def library() -> ctypes.CDLL:
         lib = build()
         _keep_freed_memory()
         lib.ds4_dequant.argtypes = [_P, ctypes.c_int, _I, _I, _I, _P]
-        lib.ds4_matmul.argtypes = [_P, ctypes.c_int, _I, _I, _I, _P, _I, _P, ctypes.c_int]
+        lib.ds4_matmul.argtypes = [_P, ctypes.c_int, _I, _I, _I, _P, _I, _P, ctypes.c_int, ctypes.c_int]
         lib.ds4_moe.argtypes = [_P, _I, _I, _I, _I, _I, _P, _P, _P, _P, ctypes.c_int, _I, _P, ctypes.c_int, _I,
-                                ctypes.c_float, _P, ctypes.c_int]
+                                ctypes.c_float, _P, ctypes.c_int, ctypes.c_int]
         lib.ds4_quantize_act.argtypes = [_P, _I, _I, _P]
         lib.ds4_quantize_k.argtypes = [_P, _I, _I, _P]
         lib.ds4_set_amx.argtypes = [ctypes.c_int]
@@ -86,10 +86,10 @@ def library() -> ctypes.CDLL:
         lib.ds4_queries.argtypes = [_P, _I, _I, _I, _I, _P, _P, ctypes.c_float, _P]
         lib.ds4_unrotate.argtypes = [_P, _I, _I, _I, _I, _P, _P, _I, _P]
         lib.ds4_attend.argtypes = [_P, _I, _I, _I, _P, _I, _P, _P, _P]
-        lib.ds4_matmul_multi.argtypes = [_I, _P, _P, _P, _P, _I, _P, _I, _P, ctypes.c_int]
-        lib.ds4_matmul_grouped.argtypes = [_P, ctypes.c_int, _I, _I, _I, _I, _P, _I, _P, ctypes.c_int]
+        lib.ds4_matmul_multi.argtypes = [_I, _P, _P, _P, _P, _I, _P, _I, _P, ctypes.c_int, ctypes.c_int]
+        lib.ds4_matmul_grouped.argtypes = [_P, ctypes.c_int, _I, _I, _I, _I, _P, _I, _P, ctypes.c_int, ctypes.c_int]
         lib.ds4_hc_pre.argtypes = [_P, _I, _I, _I, _P, ctypes.c_int, _I, _P, _P, ctypes.c_float, ctypes.c_float,
-                                   ctypes.c_int, _P, _P, _P]
+                                   ctypes.c_int, _P, _P, _P, ctypes.c_int]
         lib.ds4_hc_post.argtypes = [_P, _P, _P, _P, _I, _I, _I, _P]
         lib.ds4_set_iq2_tables.argtypes = [_P, _P]
         lib.ds4_set_threads.argtypes = [ctypes.c_int]
@@ -197,10 +197,12 @@ def quantize_k(x: np.ndarray) -> np.ndarray:
     return out
 
 
-def matmul_raw(raw: np.ndarray, qtype: int, n: int, x: np.ndarray, int8: bool = True) -> np.ndarray:
+def matmul_raw(raw: np.ndarray, qtype: int, n: int, x: np.ndarray, int8: bool = True, alone: bool = False
+               ) -> np.ndarray:
     """x (T, n) @ Wᵀ for W = packed rows raw (out, row_bytes) of n elements each. With int8
     and a quantised W (and an AVX2 build) the activations go through quantize_act first
-    (quantize_k for IQ2_XXS and Q2_K below 16 tokens).
+    (quantize_k for IQ2_XXS and Q2_K below 16 tokens). ``alone``: each token's row the same
+    bits as a product of that token alone (the weights still read once for all of them).
 
     Each row's bytes must be contiguous, the rows need not be: a column range of a matrix is
     a view whose rows lie a whole row of the file apart (cpu.c takes that distance as the
@@ -216,7 +218,7 @@ def matmul_raw(raw: np.ndarray, qtype: int, n: int, x: np.ndarray, int8: bool = 
     x = _f32(x)
     y = np.empty((x.shape[0], raw.shape[0]), dtype=np.float32)
     if library().ds4_matmul(raw.ctypes.data, int(qtype), stride, raw.shape[0], n, x.ctypes.data, x.shape[0],
-                            y.ctypes.data, int(int8)):
+                            y.ctypes.data, int(int8), int(alone)):
         raise ValueError(f"no CPU kernel for GGML type {qtype}")
     return y
 
@@ -229,10 +231,11 @@ def moe_raw(x: np.ndarray, sel: np.ndarray, route_w: np.ndarray, gate: np.ndarra
 
 
 def moe_rows(x: np.ndarray, sel: np.ndarray, route_w: np.ndarray, rows: ExpertRows, clamp: float,
-             int8: bool = True, into: np.ndarray | None = None) -> np.ndarray:
+             int8: bool = True, into: np.ndarray | None = None, alone: bool = False) -> np.ndarray:
     """The routed-expert FFN over experts found through ``rows`` (the mapped file or the
     expert pool's slots): x (T, E), sel/route_w (T, k) -> (T, E). A selection of -1 is left
-    out; ``into`` (T, E) is added to in place (the next range of experts of the same call)."""
+    out; ``into`` (T, E) is added to in place (the next range of experts of the same call).
+    ``alone``: each token's output the bits it gets as the only token of the call."""
     x = _f32(x)
     T, E = x.shape
     sel = np.ascontiguousarray(sel, dtype=np.int32)
@@ -243,7 +246,7 @@ def moe_rows(x: np.ndarray, sel: np.ndarray, route_w: np.ndarray, rows: ExpertRo
     rc = library().ds4_moe(x.ctypes.data, T, E, rows.F, len(rows.gate), sel.shape[1], sel.ctypes.data,
                            route_w.ctypes.data, rows.gate.ctypes.data, rows.up.ctypes.data, rows.gu_type,
                            rows.gu_row_bytes, rows.down.ctypes.data, rows.d_type, rows.d_row_bytes, clamp,
-                           y.ctypes.data, int(int8))
+                           y.ctypes.data, int(int8), int(alone))
     if rc:
         why = {-1: "unsupported expert type", -2: "out of memory", -3: "expert id out of range"}
         raise ValueError(why.get(rc, str(rc)))
@@ -326,7 +329,7 @@ class CpuKernels:
         return m
 
     def linear(self, x: mx.array, name: str, rows: tuple[int, int] | None = None,
-               cols: tuple[int, int] | None = None) -> mx.array:
+               cols: tuple[int, int] | None = None, alone: bool = False) -> mx.array:
         raw, qtype, n = self._matrix(name)
         if rows is not None:
             raw = raw[rows[0] : rows[1]]
@@ -336,9 +339,9 @@ class CpuKernels:
                 raise ValueError(f"{name}: columns {cols[0]}..{cols[1]} are not whole blocks of {block}")
             raw = raw[:, cols[0] // block * size : cols[1] // block * size]
             n = cols[1] - cols[0]
-        return matmul_raw(raw, qtype, n, x, self.int8)
+        return matmul_raw(raw, qtype, n, x, self.int8, alone)
 
-    def linears(self, x: mx.array, names: tuple[str, ...]) -> list[np.ndarray]:
+    def linears(self, x: mx.array, names: tuple[str, ...], alone: bool = False) -> list[np.ndarray]:
         """``[linear(x, n) for n in names]`` for matrices with the same input width, in one
         call: the activations are quantised once and Python crosses into C once."""
         plan = self._plans.get(names)
@@ -358,7 +361,8 @@ class CpuKernels:
         y = np.empty(T * int(ends[-1]), dtype=np.float32)
         yp = y.ctypes.data + 4 * T * ends[:-1]
         if library().ds4_matmul_multi(len(names), wp.ctypes.data, types.ctypes.data, row_bytes.ctypes.data,
-                                      outs.ctypes.data, n, x.ctypes.data, T, yp.ctypes.data, int(self.int8)):
+                                      outs.ctypes.data, n, x.ctypes.data, T, yp.ctypes.data, int(self.int8),
+                                      int(alone)):
             raise ValueError(f"{names}: no CPU kernel for one of these types")
         return [y[T * a : T * b].reshape(T, b - a) for a, b in zip(ends[:-1].tolist(), ends[1:].tolist())]
 
@@ -384,7 +388,7 @@ class CpuKernels:
                                slabs.ctypes.data)
         return slabs.transpose(1, 0, 2)  # (T, G, n), the layout grouped() reads without a copy
 
-    def grouped(self, x: mx.array, name: str) -> mx.array:
+    def grouped(self, x: mx.array, name: str, alone: bool = False) -> mx.array:
         raw, qtype, n = self._matrix(name)
         xn = x if isinstance(x, np.ndarray) and x.dtype == np.float32 else _f32(x)  # keep a transposed view
         T, G, _ = xn.shape
@@ -392,11 +396,12 @@ class CpuKernels:
         slabs = np.ascontiguousarray(xn.transpose(1, 0, 2))  # (G, T, n): each group's rows together
         y = np.empty((T, G * R), dtype=np.float32)
         if library().ds4_matmul_grouped(raw.ctypes.data, int(qtype), raw.shape[1], G, R, n, slabs.ctypes.data, T,
-                                        y.ctypes.data, int(self.int8)):
+                                        y.ctypes.data, int(self.int8), int(alone)):
             raise ValueError(f"{name}: no CPU kernel for GGML type {qtype}")
         return y
 
-    def experts(self, layer: int, x: mx.array, sel: np.ndarray, weights: mx.array, clamp: float) -> mx.array:
+    def experts(self, layer: int, x: mx.array, sel: np.ndarray, weights: mx.array, clamp: float,
+                alone: bool = False) -> mx.array:
         if self._measure_prefetch:
             self._measure_prefetch = False
             self.prefetch = cpu_tune.measure_once(self.w.file, library(), matmul_raw)
@@ -409,7 +414,7 @@ class CpuKernels:
                 gate, up, down = (p + k + "_exps.weight" for k in ("gate", "up", "down"))
                 rows = self._experts[layer] = ExpertRows.over(f.array(gate), f.array(up), f.tensors[gate].type,
                                                               f.array(down), f.tensors[down].type)
-            return moe_rows(x, sel, weights, rows, clamp, self.int8)
+            return moe_rows(x, sel, weights, rows, clamp, self.int8, alone=alone)
         # Streamed: the chosen experts in ascending runs that fit the pool, each run's outputs
         # added to the last in the order one call would add them (the same bits).
         y = np.zeros(x.shape, dtype=np.float32)
@@ -417,7 +422,7 @@ class CpuKernels:
         for span in spans:
             part = sel if len(spans) == 1 else np.where(np.isin(sel, span), sel, -1)
             with pool.holding(layer, span) as rows:
-                moe_rows(x, part, weights, rows, clamp, self.int8, into=y)
+                moe_rows(x, part, weights, rows, clamp, self.int8, into=y, alone=alone)
         return y
 
     def attend(self, q: mx.array, keys: mx.array, mask: np.ndarray, sinks: mx.array) -> mx.array:
@@ -429,7 +434,7 @@ class CpuKernels:
     def indexer_round(self, rows: np.ndarray) -> np.ndarray:
         return indexer_round(rows)
 
-    def hc_pre(self, X: mx.array, fn: str, scale: mx.array, base: mx.array):
+    def hc_pre(self, X: mx.array, fn: str, scale: mx.array, base: mx.array, alone: bool = False):
         cfg = self.w.cfg
         Xn = _f32(X)
         T, hc, E = Xn.shape
@@ -440,7 +445,7 @@ class CpuKernels:
         scale, base = _f32(scale), _f32(base)
         rc = library().ds4_hc_pre(Xn.ctypes.data, T, hc, E, raw.ctypes.data, int(qtype), raw.shape[1],
                                   scale.ctypes.data, base.ctypes.data, cfg.rms_eps, cfg.hc_eps,
-                                  cfg.hc_sinkhorn_iters, x.ctypes.data, post.ctypes.data, M.ctypes.data)
+                                  cfg.hc_sinkhorn_iters, x.ctypes.data, post.ctypes.data, M.ctypes.data, int(alone))
         if rc:
             raise ValueError(f"{fn}: hyper-connection mix failed ({rc})")
         return x, post, M

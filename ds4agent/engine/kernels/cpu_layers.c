@@ -10,7 +10,7 @@ static inline float sigmoidf(float v) { return 1.0f / (1.0f + expf(-v)); }
 
 int ds4_hc_pre(const float *X, int64_t T, int64_t hc, int64_t E, const uint8_t *fn, int fn_type,
                int64_t fn_row_bytes, const float *scale, const float *base, float rms_eps, float eps,
-               int iters, float *x_out, float *post_out, float *M_out) {
+               int iters, float *x_out, float *post_out, float *M_out, int alone) {
     deq_fn deq = dequantiser(fn_type);
     if (!deq || hc > 16) return -1;
     const int64_t F = hc * E, R = (2 + hc) * hc;
@@ -23,7 +23,10 @@ int ds4_hc_pre(const float *X, int64_t T, int64_t hc, int64_t E, const uint8_t *
         const float r = 1.0f / sqrtf((float)(ss / (double)F) + rms_eps);
         for (int64_t k = 0; k < F; k++) flat[t * F + k] = xt[k] * r;
     }
-    matmul(fn, deq, fn_row_bytes, R, F, flat, F, T, mix, R);
+    if (alone)  /* different sessions' tokens: each as a product of its own (the matrix is small) */
+        for (int64_t t = 0; t < T; t++) matmul(fn, deq, fn_row_bytes, R, F, flat + t * F, F, 1, mix + t * R, R);
+    else
+        matmul(fn, deq, fn_row_bytes, R, F, flat, F, T, mix, R);
     for (int64_t t = 0; t < T; t++) {
         const float *m = mix + t * R;
         float pre[16], *post = post_out + t * hc, *M = M_out + t * hc * hc;
@@ -134,6 +137,7 @@ typedef struct {
     int64_t gu_row_bytes, d_row_bytes, E, F;
     float clamp;
     int int8;
+    int alone;  /* the tokens are different sessions': each gets the bits it gets alone (rows_alone) */
 } moe_weights;
 
 /* An expert's tokens' activations for one product, quantised once (format f, kprep's
@@ -144,11 +148,20 @@ typedef struct {
     int f;
 } moe_acts;
 
-static int moe_quantise(moe_acts *a, int type, const float *X, int64_t m, int64_t n, int int8) {
+static int moe_quantise(moe_acts *a, int type, const float *X, int64_t m, int64_t n, int int8, int alone) {
     if (!(a->q = malloc(act_bytes(m, n)))) return -2;
-    a->f = quantise(type, X, m, n, int8, a->q);
+    a->f = alone ? quantise_alone(type, X, m, n, int8, a->q) : quantise(type, X, m, n, int8, a->q);
     a->xp = a->f == 2 ? kprep(type, a->q, m, n / 256) : NULL;
     return 0;
+}
+
+/* One product of an expert's m tokens: as one batch, or (alone) each token as by itself. */
+static void moe_apply(const moe_weights *mw, const uint8_t *W, int type, deq_fn deq, int64_t row_bytes, int64_t out,
+                      int64_t n, const float *X, int64_t m, float *Y, int64_t y_stride, const moe_acts *a) {
+    if (mw->alone && m > 1)
+        rows_alone(W, type, deq, row_bytes, out, n, X, m, Y, y_stride, a->f, a->q, a->xp);
+    else
+        apply(W, type, deq, row_bytes, out, n, X, m, Y, y_stride, a->f, a->q, a->xp);
 }
 
 static void moe_acts_free(moe_acts *a) {
@@ -166,13 +179,13 @@ static int moe_expert(const moe_weights *mw, int64_t e, const float *X, int64_t 
     const int64_t E = mw->E, F = mw->F;
     for (int64_t j = 0; j < m; j++) memcpy(sc->xs + j * E, X + (order[j] / k) * E, (size_t)E * 4);
     moe_acts a = {0}, h = {0};
-    if (moe_quantise(&a, mw->gu_type, sc->xs, m, E, mw->int8)) return -2;  /* once for gate and up */
-    apply(mw->gate[e], mw->gu_type, mw->deq_gu, mw->gu_row_bytes, F, E, sc->xs, m, sc->g, F, a.f, a.q, a.xp);
-    apply(mw->up[e], mw->gu_type, mw->deq_gu, mw->gu_row_bytes, F, E, sc->xs, m, sc->u, F, a.f, a.q, a.xp);
+    if (moe_quantise(&a, mw->gu_type, sc->xs, m, E, mw->int8, mw->alone)) return -2;  /* once for gate and up */
+    moe_apply(mw, mw->gate[e], mw->gu_type, mw->deq_gu, mw->gu_row_bytes, F, E, sc->xs, m, sc->g, F, &a);
+    moe_apply(mw, mw->up[e], mw->gu_type, mw->deq_gu, mw->gu_row_bytes, F, E, sc->xs, m, sc->u, F, &a);
     moe_acts_free(&a);
     swiglu(sc->g, sc->u, F, 0, F, m, order, route_w, mw->clamp);
-    if (moe_quantise(&h, mw->d_type, sc->g, m, F, mw->int8)) return -2;
-    apply(mw->down[e], mw->d_type, mw->deq_d, mw->d_row_bytes, E, F, sc->g, m, o, E, h.f, h.q, h.xp);
+    if (moe_quantise(&h, mw->d_type, sc->g, m, F, mw->int8, mw->alone)) return -2;
+    moe_apply(mw, mw->down[e], mw->d_type, mw->deq_d, mw->d_row_bytes, E, F, sc->g, m, o, E, &h);
     moe_acts_free(&h);
     return 0;
 }
@@ -245,7 +258,7 @@ static int moe_by_rows(const moe_weights *mw, const float *X, int64_t S, int64_t
             for (int64_t c = 0; c < n_chosen; c++) {
                 const int64_t lo = count[chosen[c]], m = count[chosen[c] + 1] - lo;
                 for (int64_t j = 0; j < m; j++) memcpy(xs + (lo + j) * E, X + (order[lo + j] / k) * E, (size_t)E * 4);
-                if (moe_quantise(a + c, mw->gu_type, xs + lo * E, m, E, mw->int8)) {
+                if (moe_quantise(a + c, mw->gu_type, xs + lo * E, m, E, mw->int8, mw->alone)) {
 #pragma omp atomic write
                     rc = -2;
                 }
@@ -255,10 +268,10 @@ static int moe_by_rows(const moe_weights *mw, const float *X, int64_t S, int64_t
                 const int64_t f0 = F * me / nt, f1 = F * (me + 1) / nt;
                 for (int64_t c = 0; c < n_chosen; c++) {
                     const int64_t e = chosen[c], lo = count[e], m = count[e + 1] - lo;
-                    apply(mw->gate[e] + f0 * mw->gu_row_bytes, mw->gu_type, mw->deq_gu, mw->gu_row_bytes, f1 - f0, E,
-                          xs + lo * E, m, g + lo * F + f0, F, a[c].f, a[c].q, a[c].xp);
-                    apply(mw->up[e] + f0 * mw->gu_row_bytes, mw->gu_type, mw->deq_gu, mw->gu_row_bytes, f1 - f0, E,
-                          xs + lo * E, m, u + lo * F + f0, F, a[c].f, a[c].q, a[c].xp);
+                    moe_apply(mw, mw->gate[e] + f0 * mw->gu_row_bytes, mw->gu_type, mw->deq_gu, mw->gu_row_bytes,
+                              f1 - f0, E, xs + lo * E, m, g + lo * F + f0, F, a + c);
+                    moe_apply(mw, mw->up[e] + f0 * mw->gu_row_bytes, mw->gu_type, mw->deq_gu, mw->gu_row_bytes,
+                              f1 - f0, E, xs + lo * E, m, u + lo * F + f0, F, a + c);
                     swiglu(g + lo * F, u + lo * F, F, f0, f1, m, order + lo, route_w, mw->clamp);
                 }
             }
@@ -266,7 +279,7 @@ static int moe_by_rows(const moe_weights *mw, const float *X, int64_t S, int64_t
 #pragma omp for schedule(static)
             for (int64_t c = 0; c < n_chosen; c++) {
                 const int64_t lo = count[chosen[c]], m = count[chosen[c] + 1] - lo;
-                if (!rc && moe_quantise(h + c, mw->d_type, g + lo * F, m, F, mw->int8)) {
+                if (!rc && moe_quantise(h + c, mw->d_type, g + lo * F, m, F, mw->int8, mw->alone)) {
 #pragma omp atomic write
                     rc = -2;
                 }
@@ -275,8 +288,8 @@ static int moe_by_rows(const moe_weights *mw, const float *X, int64_t S, int64_t
                 const int64_t r0 = E * me / nt, r1 = E * (me + 1) / nt;
                 for (int64_t c = 0; c < n_chosen; c++) {
                     const int64_t e = chosen[c], lo = count[e], m = count[e + 1] - lo;
-                    apply(mw->down[e] + r0 * mw->d_row_bytes, mw->d_type, mw->deq_d, mw->d_row_bytes, r1 - r0, F,
-                          g + lo * F, m, o + lo * E + r0, E, h[c].f, h[c].q, h[c].xp);
+                    moe_apply(mw, mw->down[e] + r0 * mw->d_row_bytes, mw->d_type, mw->deq_d, mw->d_row_bytes,
+                              r1 - r0, F, g + lo * F, m, o + lo * E + r0, E, h + c);
                 }
             }
 #pragma omp barrier
@@ -294,9 +307,10 @@ static int moe_by_rows(const moe_weights *mw, const float *X, int64_t S, int64_t
 int ds4_moe(const float *X, int64_t T, int64_t E, int64_t F, int64_t n_expert, int64_t k,
             const int32_t *sel, const float *route_w,
             const uint8_t *const *gate, const uint8_t *const *up, int gu_type, int64_t gu_row_bytes,
-            const uint8_t *const *down, int d_type, int64_t d_row_bytes, float clamp, float *Y, int int8) {
+            const uint8_t *const *down, int d_type, int64_t d_row_bytes, float clamp, float *Y, int int8,
+            int alone) {
     const moe_weights mw = {gate, up, down, gu_type, d_type, dequantiser(gu_type), dequantiser(d_type),
-                            gu_row_bytes, d_row_bytes, E, F, clamp, int8};
+                            gu_row_bytes, d_row_bytes, E, F, clamp, int8, alone};
     if (!mw.deq_gu || !mw.deq_d) return -1;
     for (int64_t i = 0; i < T * k; i++)
         if (sel[i] < -1 || sel[i] >= n_expert) return -3;

@@ -161,19 +161,83 @@ static void apply(const uint8_t *W, int type, deq_fn deq, int64_t row_bytes, int
         matmul(W, deq, row_bytes, out, n, X, n, T, Y, y_stride);
 }
 
+/* Rows per run of the one-token-at-a-time products below: about this many bytes of weights, so
+ * that a run stays in the core's L2 cache while every token of the batch passes over it. A run
+ * is a multiple of 4 rows: the one-token Q8_0 kernel works in quads and then row by row, so
+ * every row takes the path it takes in the whole matrix. */
+#define ALONE_RUN_BYTES (192 << 10)
+
+static int64_t alone_run(int64_t row_bytes) {
+    const int64_t run = ALONE_RUN_BYTES / (row_bytes > 0 ? row_bytes : 1) / 4 * 4;
+    return run < 4 ? 4 : run;
+}
+
+/* Quantise T tokens' activations in the format a product of one token takes (a token's blocks
+ * do not depend on the others'); returns the format. */
+static int quantise_alone(int type, const float *X, int64_t T, int64_t n, int int8, void *scratch) {
+    const int f = act_format(type, 1, n, int8);
+    if (f == 1) ds4_quantize_act(X, T, n, scratch);
+    if (f == 2) ds4_quantize_k(X, T, n, scratch);
+    return f;
+}
+
+/* Rows 0 .. out of W for T tokens, each token's outputs exactly as the product of that token
+ * alone computes them (T = 1), with each weight row still read from memory once for all the
+ * tokens: run by run, every token through the one-token path over the run. ``acts``: the
+ * tokens quantised by quantise_alone (format f), ``xp`` their kprep() arrangement or NULL.
+ * Serial: callers spread runs (or row ranges) over the cores. Sessions decoding together in one
+ * batch so get the bits they would get alone (docs/batching.md). */
+static void rows_alone(const uint8_t *W, int type, deq_fn deq, int64_t row_bytes, int64_t out, int64_t n,
+                       const float *X, int64_t T, float *Y, int64_t y_stride, int f, const void *acts,
+                       const int8_t *xp) {
+    const size_t tb = f == 1 ? (size_t)(n / 32) * sizeof(qblock) : f == 2 ? (size_t)(n / 256) * sizeof(kblock) : 0;
+    const int64_t run = alone_run(row_bytes);
+    for (int64_t r0 = 0; r0 < out; r0 += run) {
+        const int64_t nr = out - r0 < run ? out - r0 : run;
+        for (int64_t t = 0; t < T; t++)
+            apply(W + r0 * row_bytes, type, deq, row_bytes, nr, n, X + t * n, 1, Y + t * y_stride + r0, y_stride, f,
+                  (const char *)acts + t * tb, xp ? xp + t * kprep_bytes(n / 256) : NULL);
+    }
+}
+
+/* rows_alone over the whole matrix, its runs spread over the cores. */
+static void apply_alone(const uint8_t *W, int type, deq_fn deq, int64_t row_bytes, int64_t out, int64_t n,
+                        const float *X, int64_t T, float *Y, int64_t y_stride, int int8, void *scratch) {
+    const int f = quantise_alone(type, X, T, n, int8, scratch);
+    const int64_t run = alone_run(row_bytes), nrun = (out + run - 1) / run;
+#pragma omp parallel for schedule(static) if (nrun > 1 && out * n >= (1 << 16))
+    for (int64_t j = 0; j < nrun; j++) {
+        const int64_t r0 = j * run, nr = out - r0 < run ? out - r0 : run;
+        rows_alone(W + r0 * row_bytes, type, deq, row_bytes, nr, n, X, T, Y + r0, y_stride, f, scratch, NULL);
+    }
+}
+
 static void product(const uint8_t *W, int type, deq_fn deq, int64_t row_bytes, int64_t out, int64_t n,
-                    const float *X, int64_t T, float *Y, int64_t y_stride, int int8, void *scratch) {
-    apply(W, type, deq, row_bytes, out, n, X, T, Y, y_stride, quantise(type, X, T, n, int8, scratch), scratch, NULL);
+                    const float *X, int64_t T, float *Y, int64_t y_stride, int int8, void *scratch, int alone) {
+    if (alone && T > 1)
+        apply_alone(W, type, deq, row_bytes, out, n, X, T, Y, y_stride, int8, scratch);
+    else
+        apply(W, type, deq, row_bytes, out, n, X, T, Y, y_stride, quantise(type, X, T, n, int8, scratch), scratch, NULL);
+}
+
+/* The activations' scratch for T tokens in the format a product takes (alone: the one-token
+ * format for each of them); NULL where it takes none, *failed set when memory ran out. */
+static void *act_scratch(int type, int64_t T, int64_t n, int int8, int alone, int *failed) {
+    if (!act_format(type, alone ? 1 : T, n, int8)) return NULL;
+    void *p = malloc(act_bytes(T, n));
+    if (!p) *failed = 1;
+    return p;
 }
 
 /* Y (T, out) = X (T, n) W^T; int8: take the integer path where the weight type has one. */
 int ds4_matmul(const uint8_t *W, int type, int64_t row_bytes, int64_t out, int64_t n, const float *X,
-               int64_t T, float *Y, int int8) {
+               int64_t T, float *Y, int int8, int alone) {
     deq_fn deq = dequantiser(type);
     if (!deq) return -1;
-    void *scratch = NULL;
-    if (act_format(type, T, n, int8) && !(scratch = malloc(act_bytes(T, n)))) return -2;
-    product(W, type, deq, row_bytes, out, n, X, T, Y, out, int8, scratch);
+    int failed = 0;
+    void *scratch = act_scratch(type, T, n, int8, alone, &failed);
+    if (failed) return -2;
+    product(W, type, deq, row_bytes, out, n, X, T, Y, out, int8, scratch, alone);
     free(scratch);
     return 0;
 }
@@ -181,9 +245,18 @@ int ds4_matmul(const uint8_t *W, int type, int64_t row_bytes, int64_t out, int64
 /* Several matrices sharing one input X (T, n) into Y[m] (T, out[m]): one call from Python and
  * one quantisation of X per activation format for all of them (a layer asks for up to seven
  * products of the same normalised activations; on decode each separate call cost more than
- * its arithmetic). */
+ * its arithmetic). ``alone``: each matrix as ds4_matmul's ``alone`` (apply_alone). */
 int ds4_matmul_multi(int64_t M, const int64_t *W, const int32_t *type, const int64_t *row_bytes,
-                     const int64_t *out, int64_t n, const float *X, int64_t T, const int64_t *Y, int int8) {
+                     const int64_t *out, int64_t n, const float *X, int64_t T, const int64_t *Y, int int8,
+                     int alone) {
+    if (alone && T > 1) {
+        for (int64_t m = 0; m < M; m++) {
+            const int rc = ds4_matmul((const uint8_t *)(intptr_t)W[m], type[m], row_bytes[m], out[m], n, X, T,
+                                      (float *)(intptr_t)Y[m], int8, 1);
+            if (rc) return rc;
+        }
+        return 0;
+    }
     int need[3] = {0, 0, 0};
     for (int64_t m = 0; m < M; m++) {
         if (!dequantiser(type[m])) return -1;
@@ -210,13 +283,15 @@ done:
 /* Grouped product: group g of X (G contiguous (T, n) slabs) times rows g*R .. (g+1)*R of W,
  * into columns g*R .. (g+1)*R of Y (T, G*R). The attention output projection in one call. */
 int ds4_matmul_grouped(const uint8_t *W, int type, int64_t row_bytes, int64_t G, int64_t R, int64_t n,
-                       const float *X, int64_t T, float *Y, int int8) {
+                       const float *X, int64_t T, float *Y, int int8, int alone) {
     deq_fn deq = dequantiser(type);
     if (!deq) return -1;
-    void *scratch = NULL;
-    if (act_format(type, T, n, int8) && !(scratch = malloc(act_bytes(T, n)))) return -2;
+    int failed = 0;
+    void *scratch = act_scratch(type, T, n, int8, alone, &failed);
+    if (failed) return -2;
     for (int64_t g = 0; g < G; g++)
-        product(W + g * R * row_bytes, type, deq, row_bytes, R, n, X + g * T * n, T, Y + g * R, G * R, int8, scratch);
+        product(W + g * R * row_bytes, type, deq, row_bytes, R, n, X + g * T * n, T, Y + g * R, G * R, int8, scratch,
+                alone);
     free(scratch);
     return 0;
 }

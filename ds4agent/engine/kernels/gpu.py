@@ -440,13 +440,15 @@ MAX_MATRICES = 6  # matrices one matmul launch multiplies with the same input (W
 
 
 def plan_matmul(qtype: int, out: int | list[int], n: int, T: int, r0: int = 0, col_byte: int = 0,
-                row_bytes: int | None = None, groups: int = 1) -> list[Launch]:
+                row_bytes: int | None = None, groups: int = 1, alone: bool = False) -> list[Launch]:
     """x (T, n) times ``out`` rows (or, a list, all the rows of up to MAX_MATRICES matrices of
     one type side by side, read from W0, W1, ...) of matrices whose rows are ``row_bytes``
     apart, read from byte ``col_byte`` of each row, the first from row ``r0``. With ``groups``
     G, x is (T, G, n) and rows g·out/G .. (g+1)·out/G read group g's slab (the attention's
     grouped output projection, one launch for all groups). The matmul, then the reduce of its
-    splits if it has any."""
+    splits if it has any. ``alone``: the tokens are different sessions' (a batch): the splits
+    are those of one token, so that each token's sums run in the order they run alone (a
+    thread's tile adds each of its tokens separately, block by block, whatever the tile)."""
     if T < 1:
         raise ValueError(f"matmul needs at least one token, got {T}")
     counts = list(out) if isinstance(out, (list, tuple)) else [out]
@@ -459,7 +461,7 @@ def plan_matmul(qtype: int, out: int | list[int], n: int, T: int, r0: int = 0, c
     tile = tile_for(T)
     tpl["TILE"] = tile
     work = -(-T // tile) * R
-    S, chunk = splits(work, n // tpl["BE"])
+    S, chunk = splits(R if alone else work, n // tpl["BE"])
     rb = n // tpl["BE"] * tpl["BB"] if row_bytes is None else row_bytes
     rows = counts + [0] * (MAX_MATRICES - len(counts))  # rows of W0..W4 (W5: what is left)
     dims = (R, T, r0, col_byte, S, chunk, n, rb, groups * n, R // groups, n if groups > 1 else 0, *rows[:5])
@@ -520,13 +522,16 @@ class ExpertLayout:
 
 
 def plan_experts(gu_type: int, d_type: int, plan: ExpertPlan, F: int, E: int, layout: ExpertLayout | None = None,
-                 n_run: int | None = None) -> list[Launch]:
+                 n_run: int | None = None, alone: bool = False) -> list[Launch]:
     """The four launches of the routed FFN for ``plan``: gate/up partials, SwiGLU, down
     partials, the per-token sum. E is the hidden width, F the expert's. ``n_run``: the gate/up
     and down launches cover only that many of the plan's tiles (a run of them handed over
     separately, as when the expert pool holds a layer's experts in several turns); their
-    splits are still the whole plan's, so every partial sum is the same bits either way."""
+    splits are still the whole plan's, so every partial sum is the same bits either way.
+    ``alone``: the tokens are different sessions' (a batch): the splits are those of one
+    token's plan (one tile per chosen expert), as plan_matmul's."""
     n_tiles, A = len(plan.tiles), plan.T * plan.K
+    n_split = plan.K if alone else n_tiles  # the tiles the splits are chosen for
     n_run = n_tiles if n_run is None else n_run
     gu = _type_template(gu_type, E)
     gu.update(TILE=plan.tile, F=F, K=plan.K, N=E, RB=E // gu["BE"] * gu["BB"])
@@ -535,8 +540,8 @@ def plan_experts(gu_type: int, d_type: int, plan: ExpertPlan, F: int, E: int, la
     layout = layout or ExpertLayout(F * gu["RB"], E * dn["RB"])
     gu.update(XS=layout.gu_stride, GO=layout.go, UO=layout.uo)
     dn.update(XS=layout.d_stride, DO=layout.do)
-    S1, ch1 = splits(n_tiles * F, E // gu["BE"])
-    S2, ch2 = splits(n_tiles * E, F // dn["BE"])
+    S1, ch1 = splits(n_split * F, E // gu["BE"])
+    S2, ch2 = splits(n_split * E, F // dn["BE"])
     return [_launch("moe_gate_up", n_run * F * S1, (A * F * 2 * S1,), gu, (n_run, S1, ch1)),
             _launch("moe_glu", A * F, (A, F), {"F": F}, (A, S1)),
             _launch("moe_down", n_run * E * S2, (A * E * S2,), dn, (n_run, S2, ch2)),
@@ -638,7 +643,7 @@ class GpuKernels(ReferenceKernels):
         return self.resident.get(name)
 
     def _products(self, x: mx.array, names: tuple[str, ...], rows: tuple[int, int] | None = None,
-                  cols: tuple[int, int] | None = None, groups: int = 1) -> mx.array:
+                  cols: tuple[int, int] | None = None, groups: int = 1, alone: bool = False) -> mx.array:
         """x times matrices ``names`` (one type and width) in one launch: (T, their rows)."""
         t = self.w.file.tensors[names[0]]
         r0, r1 = rows or (0, t.shape[0])
@@ -654,7 +659,7 @@ class GpuKernels(ReferenceKernels):
         ws = [self._bytes(nm) for nm in names]
         ws += [ws[0]] * (MAX_MATRICES - len(ws))  # unused slots: any array (never read)
         out = None
-        for launch in plan_matmul(t.type, counts, n, T, r0, col_byte, t.row_bytes, groups):
+        for launch in plan_matmul(t.type, counts, n, T, r0, col_byte, t.row_bytes, groups, alone):
             out = self._run(launch, [*ws, x, self._grid, self._signs] if launch.kind == "matmul" else [out])
         return out
 
@@ -663,12 +668,12 @@ class GpuKernels(ReferenceKernels):
         return t.type in KERNEL_TYPES and len(t.shape) == 2
 
     def linear(self, x: mx.array, name: str, rows: tuple[int, int] | None = None,
-               cols: tuple[int, int] | None = None) -> mx.array:
+               cols: tuple[int, int] | None = None, alone: bool = False) -> mx.array:
         if not self._kernel_matrix(name):
-            return super().linear(x, name, rows, cols)
-        return self._products(x, (name,), rows, cols)
+            return super().linear(x, name, rows, cols, alone)
+        return self._products(x, (name,), rows, cols, alone=alone)
 
-    def linears(self, x: mx.array, names: tuple[str, ...]) -> list[mx.array]:
+    def linears(self, x: mx.array, names: tuple[str, ...], alone: bool = False) -> list[mx.array]:
         """The matrices of each type in one launch (up to MAX_MATRICES), their outputs split."""
         out: dict[str, mx.array] = {}
         by_type: dict[int, list[str]] = {}
@@ -676,23 +681,24 @@ class GpuKernels(ReferenceKernels):
             if self._kernel_matrix(nm):
                 by_type.setdefault(self.w.file.tensors[nm].type, []).append(nm)
             else:
-                out[nm] = super().linear(x, nm)
+                out[nm] = super().linear(x, nm, alone=alone)
         for group in by_type.values():
             for i in range(0, len(group), MAX_MATRICES):
                 part = tuple(group[i : i + MAX_MATRICES])
-                y, at = self._products(x, part), 0
+                y, at = self._products(x, part, alone=alone), 0
                 for nm in part:
                     rows = self.w.file.tensors[nm].shape[0]
                     out[nm], at = y[:, at : at + rows], at + rows
         return [out[nm] for nm in names]
 
-    def grouped(self, x: mx.array, name: str) -> mx.array:
+    def grouped(self, x: mx.array, name: str, alone: bool = False) -> mx.array:
         """Every group's rows through its own slab of x (T, G, n), in one launch."""
         if not self._kernel_matrix(name):
-            return super().grouped(x, name)
-        return self._products(x, (name,), groups=x.shape[1])
+            return super().grouped(x, name, alone)
+        return self._products(x, (name,), groups=x.shape[1], alone=alone)
 
-    def experts(self, layer: int, x: mx.array, sel: np.ndarray, weights: mx.array, clamp: float) -> mx.array:
+    def experts(self, layer: int, x: mx.array, sel: np.ndarray, weights: mx.array, clamp: float,
+                alone: bool = False) -> mx.array:
         p = f"blk.{layer}.ffn_"
         tg, tu = self.w.file.tensors[p + "gate_exps.weight"], self.w.file.tensors[p + "up_exps.weight"]
         td = self.w.file.tensors[p + "down_exps.weight"]
@@ -707,7 +713,7 @@ class GpuKernels(ReferenceKernels):
         order, inv = self._to_device(_padded(plan.order)), self._to_device(_padded(plan.inv))
         pool = self.w.pool
         if pool is None:
-            launches = plan_experts(tg.type, td.type, plan, F, E)
+            launches = plan_experts(tg.type, td.type, plan, F, E, alone=alone)
             buffers = [self._bytes(p + k + "_exps.weight") for k in ("gate", "up", "down")]
             part = self._down_partials(launches, buffers, plan.tiles, x, order, route, clamp)
             return self._run(launches[3], [part, inv])
@@ -721,7 +727,7 @@ class GpuKernels(ReferenceKernels):
         parts = []
         for span in pool.spans(sel):
             lo, hi = np.searchsorted(plan.tiles[:, 0], [span[0], span[-1] + 1])
-            launches = plan_experts(tg.type, td.type, plan, F, E, layout, n_run=int(hi - lo))
+            launches = plan_experts(tg.type, td.type, plan, F, E, layout, n_run=int(hi - lo), alone=alone)
             with pool.holding(layer, span) as rows:
                 tiles = plan.tiles[lo:hi].copy()
                 tiles[:, 0] = rows.slots[tiles[:, 0]]
@@ -731,7 +737,7 @@ class GpuKernels(ReferenceKernels):
             size = part.size // (plan.T * plan.K)  # floats per sorted position
             parts.append(part[int(first[1]) * size : int(last[1] + last[2]) * size])
         part = parts[0] if len(parts) == 1 else mx.concatenate(parts)
-        return self._run(plan_experts(tg.type, td.type, plan, F, E, layout)[3], [part, inv])
+        return self._run(plan_experts(tg.type, td.type, plan, F, E, layout, alone=alone)[3], [part, inv])
 
     def _down_partials(self, launches: list[Launch], buffers: list, tiles: np.ndarray, x: mx.array, order,
                        route: mx.array, clamp: float) -> mx.array:
@@ -751,11 +757,11 @@ class GpuKernels(ReferenceKernels):
             return backing
         raise ValueError("the expert pool's slots are not in device memory")
 
-    def hc_pre(self, X: mx.array, fn: str, scale: mx.array, base: mx.array):
+    def hc_pre(self, X: mx.array, fn: str, scale: mx.array, base: mx.array, alone: bool = False):
         cfg = self.w.cfg
         T, hc, E = X.shape
         X = X.astype(mx.float32)
-        mix = self.linear(fused(hc_flat, cfg.rms_eps)(X), fn)
+        mix = self.linear(fused(hc_flat, cfg.rms_eps)(X), fn, alone=alone)
         weights, collapse = plan_hc(T, hc, E, cfg.hc_sinkhorn_iters)
         w = self._run(weights, [mix, scale.astype(mx.float32), base.astype(mx.float32),
                                 mx.array([cfg.hc_eps], dtype=mx.float32)])

@@ -37,7 +37,7 @@ from gguf.constants import GGMLQuantizationType as Q
 from ...modelfile.gguf import block_info
 from ..ops import swiglu
 from ..weights import Weights
-from .reference import ReferenceKernels
+from .reference import ReferenceKernels, one_at_a_time
 from .resident import DeviceTensors
 
 CODECS = {int(Q.Q8_0): "q8_0", int(Q.Q2_K): "q2_k", int(Q.Q4_K): "q4_k", int(Q.IQ2_XXS): "iq2_xxs"}
@@ -74,7 +74,9 @@ class KquantKernels(ReferenceKernels):
         self.resident.drop(experts="experts" in ops, dense="linear" in ops)  # its other products go through linear
 
     def linear(self, x: mx.array, name: str, rows: tuple[int, int] | None = None,
-               cols: tuple[int, int] | None = None) -> mx.array:
+               cols: tuple[int, int] | None = None, alone: bool = False) -> mx.array:
+        if alone and x.shape[0] > 1:  # its kernels choose their method by the number of rows
+            return one_at_a_time(self.linear, x, name, rows, cols)
         t = self.w.file.tensors[name]
         codec = CODECS.get(t.type)
         if codec is None or len(t.shape) != 2:
@@ -89,7 +91,11 @@ class KquantKernels(ReferenceKernels):
             w = w[:, cols[0] // block * size : cols[1] // block * size]
         return self.kq.quantized_matmul(x.astype(ACT), w, self._none, codec).astype(mx.float32)
 
-    def experts(self, layer: int, x: mx.array, sel: np.ndarray, weights: mx.array, clamp: float) -> mx.array:
+    def experts(self, layer: int, x: mx.array, sel: np.ndarray, weights: mx.array, clamp: float,
+                alone: bool = False) -> mx.array:
+        if alone and x.shape[0] > 1:
+            return mx.concatenate([self.experts(layer, x[t : t + 1], sel[t : t + 1], weights[t : t + 1], clamp)
+                                   for t in range(x.shape[0])])
         p = f"blk.{layer}.ffn_"
         f = self.w.file
         gu_codec = CODECS[f.tensors[p + "gate_exps.weight"].type]

@@ -40,6 +40,13 @@ def attend_mx(q: mx.array, keys: mx.array, mask: np.ndarray, sinks: mx.array) ->
 ATTEND_BLOCK_BYTES = 1 << 28  # the largest score array (float32) ReferenceKernels.attend makes
 
 
+def one_at_a_time(product, x: mx.array, *args) -> mx.array:
+    """``product`` of each row of x alone, stacked: what a batch of sessions gets from kernels
+    whose arithmetic for a row depends on the other rows (MLX's matmul picks its method by
+    shape); the weights are then read once per row, the price of the same bits."""
+    return mx.concatenate([product(x[t : t + 1], *args) for t in range(x.shape[0])])
+
+
 class ReferenceKernels:
     name = "reference"
     xp = mx
@@ -48,10 +55,12 @@ class ReferenceKernels:
         self.w = weights
 
     def linear(self, x: mx.array, name: str, rows: tuple[int, int] | None = None,
-               cols: tuple[int, int] | None = None) -> mx.array:
+               cols: tuple[int, int] | None = None, alone: bool = False) -> mx.array:
         """x (T, in) @ W[rows]ᵀ for the GGUF matrix ``name`` (out, in); with ``cols``, x holds
         only those input columns and W is read there alone (a partial product: an expert
         split's processes each take some columns, engine/model.py Part)."""
+        if alone and x.shape[0] > 1:
+            return one_at_a_time(self.linear, x, name, rows, cols)
         w = self.w.get(name)
         if rows is not None:
             w = w.rows(*rows) if isinstance(w, QMatrix) else w[rows[0] : rows[1]]
@@ -61,21 +70,26 @@ class ReferenceKernels:
             return w.matmul_t(x)
         return x @ w.T
 
-    def linears(self, x: mx.array, names: tuple[str, ...]) -> list[mx.array]:
+    def linears(self, x: mx.array, names: tuple[str, ...], alone: bool = False) -> list[mx.array]:
         """``linear(x, n)`` for each of several matrices sharing the input x."""
-        return [self.linear(x, n) for n in names]
+        return [self.linear(x, n, alone=alone) for n in names]
 
-    def grouped(self, x: mx.array, name: str) -> mx.array:
+    def grouped(self, x: mx.array, name: str, alone: bool = False) -> mx.array:
         """Grouped projection: x (T, G, n); group g goes through rows g·R .. (g+1)·R of the
         matrix (R = rows / G), outputs side by side (T, G·R). Not one product over all groups."""
         G = x.shape[1]
         R = self.w.file.tensors[name].shape[0] // G
-        return mx.concatenate([self.linear(x[:, g], name, (g * R, (g + 1) * R)) for g in range(G)], axis=-1)
+        return mx.concatenate([self.linear(x[:, g], name, (g * R, (g + 1) * R), alone=alone) for g in range(G)],
+                              axis=-1)
 
-    def experts(self, layer: int, x: mx.array, sel: np.ndarray, weights: mx.array, clamp: float) -> mx.array:
+    def experts(self, layer: int, x: mx.array, sel: np.ndarray, weights: mx.array, clamp: float,
+                alone: bool = False) -> mx.array:
         """Σ_slots weight · down(swiglu(gate·x, up·x)) over each token's chosen experts.
 
         x (T, E), sel (T, k) expert ids, weights (T, k) -> (T, E)."""
+        if alone and x.shape[0] > 1:
+            return mx.concatenate([self.experts(layer, x[t : t + 1], sel[t : t + 1], weights[t : t + 1], clamp)
+                                   for t in range(x.shape[0])])
         routed = mx.zeros_like(x)
         for e in np.unique(sel):
             t_idx, slot = np.nonzero(sel == e)
@@ -133,11 +147,11 @@ class ReferenceKernels:
         """A dense product of activations (a @ b), e.g. indexer queries against its rows."""
         return a @ b
 
-    def hc_pre(self, X: mx.array, fn: str, scale: mx.array, base: mx.array):
+    def hc_pre(self, X: mx.array, fn: str, scale: mx.array, base: mx.array, alone: bool = False):
         """Hyper-connection mix before a sublayer (ops.hc_pre): X (T, hc, E) -> the sublayer
         input (T, E), post (T, hc) and the comb (T, hc, hc), with mixing matrix ``fn``."""
 
-        return hc_pre(X, lambda flat: self.linear(flat, fn), scale, base, self.w.cfg)
+        return hc_pre(X, lambda flat: self.linear(flat, fn, alone=alone), scale, base, self.w.cfg)
 
     def hc_post(self, y: mx.array, X: mx.array, post: mx.array, M: mx.array) -> mx.array:
         """Spread a sublayer's output back over the hc streams (ops.hc_post)."""
