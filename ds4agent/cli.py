@@ -233,8 +233,11 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--api-key", metavar="KEY", default=os.environ.get("DS4_API_KEY"),
                     help="require this key (Authorization: Bearer KEY or x-api-key; default $DS4_API_KEY)")
     sv.add_argument("--cors", metavar="ORIGIN", help="allow browser requests from ORIGIN ('*' for any)")
+    sv.add_argument("--parallel", default="auto", metavar="N",
+                    help="requests generating at once, each in its own slot with a context's KV; their decode "
+                         "steps run as one batch (default auto: as many as the memory left holds, at most 4)")
     sv.add_argument("--queue", type=int, default=16, metavar="N",
-                    help="requests that may wait for the engine (default 16)")
+                    help="requests that may wait for a free slot (default 16)")
     sv.add_argument("--sessions", metavar="DIR", help="on-disk KV cache folder (default: the session store)")
     sv.add_argument("--no-disk-cache", action="store_true", help="keep the KV cache in memory only")
     sv.add_argument("--cache-min-tokens", type=int, default=512, metavar="N",
@@ -244,6 +247,10 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="prefill/generation speed at context frontiers (ds4-bench CSV)")
     b.add_argument("-m", "--model", metavar="PATH", help="GGUF model file")
     b.add_argument("--prompt-file", metavar="FILE", help="text to prefill (default: a built-in text, repeated)")
+    b.add_argument("--parallel", type=int, metavar="N",
+                   help="instead: decode 1, 2, 4 .. N sessions together (as many server slots) after a --ctx-start "
+                        "prompt each, and report aggregate and per-stream t/s")
+    b.add_argument("--repeat", type=int, default=1, metavar="R", help="--parallel: runs of each width (medians)")
     b.add_argument("--ctx-start", type=int, default=2048, metavar="N")
     b.add_argument("--ctx-max", type=int, default=32768, metavar="N")
     step = b.add_mutually_exclusive_group()
@@ -541,13 +548,40 @@ def cmd_serve(args: argparse.Namespace) -> int:
     choice = resolve_model(args.model)
     if choice.is_demo:
         _stderr().line(DEMO_BANNER)
+    asked = None if args.parallel == "auto" else _positive(args.parallel, "--parallel")
     engine = _open_engine(choice.path, args, args.ctx)
+    parallel = _slots(engine, asked)
     store = None
     if not args.no_disk_cache:
         store = SessionStore(args.sessions) if args.sessions else SessionStore()
     opts = ServerOptions(Defaults(sampling, args.tokens, args.mode, args.ctx), api_key=args.api_key, cors=args.cors,
-                         max_queue=args.queue, min_save_tokens=args.cache_min_tokens, store=store)
+                         max_queue=args.queue, min_save_tokens=args.cache_min_tokens, store=store, parallel=parallel)
     return serve(engine, opts, args.host, args.port)
+
+
+def _positive(text: str, flag: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise UsageError(f"{flag} takes a whole number of at least 1 or 'auto', got {text!r}")
+    return n
+
+
+def _slots(engine, asked: int | None) -> int:
+    """The server's slots: ``asked``, or as many as the memory holds (Engine.session_room);
+    says what each costs, and when this engine runs one session at a time."""
+    room, kv = engine.session_room()
+    n = room if asked is None else asked
+    if n > 1 and not engine.batches:
+        _say(f"note: this engine (the Ascend module, a distributed group) runs one session at a time: one slot, "
+             f"not {n}")
+        n, asked = 1, 1
+    gib = kv / 2**30
+    _say(f"{n} slot{'s' if n > 1 else ''} (each up to {gib:.2f} GiB of KV at --ctx {engine.ctx}; "
+         f"{'--parallel' if asked is not None else 'auto: room for ' + str(room)})")
+    return n
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -564,6 +598,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
             import matplotlib  # noqa: F401
         except ImportError:
             raise UsageError("--plot needs matplotlib (pip install 'ds4agent[bench]')") from None
+    if args.parallel is not None and args.parallel < 1:
+        raise UsageError(f"--parallel must be at least 1, got {args.parallel}")
     choice = resolve_model(args.model)
     engine = _open_engine(choice.path, args, args.ctx_max + args.gen_tokens + 1, "--ctx-max + --gen-tokens + 1 =")
     tok = engine.tokenizer
@@ -573,6 +609,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise UsageError("the prompt text is empty")
     while len(ids) < args.ctx_max:  # the built-in text (or a short file) repeats to fill the context
         ids = ids + ids
+    if args.parallel is not None:
+        return _bench_streams(engine, ids, args)
     points = benchmark.frontiers(args.ctx_start, args.ctx_max, args.step_incr, args.step_mul)
     per_token = benchmark.bytes_per_token(engine)
     probe = benchmark.read_probe(engine)
@@ -603,6 +641,28 @@ def cmd_bench(args: argparse.Namespace) -> int:
         _say(f"expert profile written to {args.save_profile}")
     if args.plot:
         benchmark.plot(rows, args.plot, f"{engine.info.name} ({engine.info.backend}, {engine.info.kernels} kernels)")
+    return 0
+
+
+def _bench_streams(engine, ids: list[int], args: argparse.Namespace) -> int:
+    """``ds4 bench --parallel N``: aggregate and per-stream decode of 1, 2, 4 .. N sessions
+    advancing together, each after a --ctx-start prefill of its own, side by side."""
+    from .engine.reports import bench as benchmark
+
+    if not engine.batches:
+        _say("note: this engine runs one session at a time: the streams take turns")
+    streams = benchmark.widths(args.parallel)
+    _say(f"decode of {args.gen_tokens} tokens per stream after a {args.ctx_start}-token prompt each; "
+         f"{', '.join(map(str, streams))} streams, alternating, {args.repeat} run(s) each")
+
+    def line(r) -> None:
+        _say(f"  {r.streams} stream(s): {r.aggregate_tps:.2f} t/s aggregate, {r.stream_tps:.2f} t/s per stream")
+
+    rows = benchmark.parallel(engine, ids, streams, args.ctx_start, args.gen_tokens, args.repeat, line)
+    one = rows[0].aggregate_tps
+    print("streams,aggregate_tps,stream_tps,vs_one_stream")
+    for r in rows:
+        print(f"{r.streams},{r.aggregate_tps:.2f},{r.stream_tps:.2f},{r.aggregate_tps / one:.2f}")
     return 0
 
 

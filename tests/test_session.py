@@ -101,7 +101,7 @@ def test_cpu_kernels_read_experts_in_place(demo_path, monkeypatch) -> None:
     calls = []
     real = cpu.moe_rows
 
-    def spy(x, sel, route_w, rows, clamp, int8=True, into=None):
+    def spy(x, sel, route_w, rows, clamp, int8=True, into=None, alone=False):
         calls.append(rows)
         return real(x, sel, route_w, rows, clamp, int8, into)
 

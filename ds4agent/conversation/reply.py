@@ -160,6 +160,8 @@ class Reply:
             if self.cancel is not None and self.cancel.is_set():
                 finish = "cancelled"
                 break
+        if hasattr(steps, "close"):
+            steps.close()  # the session is no longer generating (a batcher stops waiting for it)
         self.finish = finish
         if finish not in ("tool_calls", "stop_sequence"):
             yield from self._flush()

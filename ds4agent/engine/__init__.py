@@ -4,7 +4,7 @@ conversation's KV state in a Session.
 
 Public names, resolved lazily so that importing one (a front end asking for SamplingParams,
 say) does not load MLX: Engine, EngineError, EngineInfo, Session, Checkpoint, Step,
-ContextFullError, PayloadError, SamplingParams, kernel_report, streaming_plan. The tokenizer is the model
+ContextFullError, PayloadError, SamplingParams, Batcher, kernel_report, streaming_plan. The tokenizer is the model
 file's (ds4agent.modelfile.Tokenizer), render and parse the chat protocol's
 (ds4agent.protocol.render, .parse).
 """
@@ -18,7 +18,7 @@ _EXPORTS = {
     "Engine": ".engine", "EngineError": ".errors", "EngineInfo": ".info",
     "Session": ".session", "Checkpoint": ".session", "Step": ".session", "ContextFullError": ".errors",
     "PayloadError": ".state", "SamplingParams": ".params", "kernel_report": ".reports.check",
-    "streaming_plan": ".engine",
+    "streaming_plan": ".engine", "Batcher": ".batch",
 }
 __all__ = list(_EXPORTS)
 

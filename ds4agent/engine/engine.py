@@ -394,6 +394,31 @@ class Engine:
         except expertpool.PoolError as e:
             raise EngineError(str(e)) from None
 
+    @property
+    def batches(self) -> bool:
+        """Whether sessions of this engine decode together in one pass (engine/batch.py); the
+        Ascend module and a distributed group run one session at a time."""
+        from .session import batches
+
+        return batches(self._parts.model)
+
+    def session_room(self, most: int = 4) -> tuple[int, int]:
+        """(how many sessions at the engine's context the machine has room for beside the
+        model, 1 .. ``most``; the bytes one session's KV takes at that context): the default
+        number of server slots. The model counts as the file's size, or with experts
+        streaming as its dense weights and the pool; the room is the memory available now
+        (engine/expertpool.py available_memory: MemAvailable or the cgroup's room)."""
+        from .state import payload_size
+
+        kv = payload_size(self.info.config, self.ctx)
+        available, _ = expertpool.available_memory()
+        if available is None:
+            return 1, kv
+        pool = self._parts.pool
+        model = self.file.file_size if pool is None else (
+            sum(t.nbytes for n, t in self.file.tensors.items() if "_exps." not in n) + pool.allocated)
+        return max(1, min(most, (available - model) // max(kv, 1))), kv
+
     def session(self, ctx: int | None = None) -> Session:
         """A new, empty session; ``ctx`` defaults to the context the engine was opened with."""
         return self._parts.session_class(self._parts.model, self.tokenizer, self.info,

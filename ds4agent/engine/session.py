@@ -8,6 +8,7 @@ change the mathematics (the model reproduces token-by-token semantics inside a b
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import dataclass
@@ -21,10 +22,17 @@ from .state import ModelState, payload_size, read_payload, write_payload
 
 if TYPE_CHECKING:
     from ..modelfile.tokenizer import Tokenizer
+    from .batch import Batcher
     from .info import EngineInfo
     from .model import Model
 
 Progress = Callable[[int, int], None]  # (tokens done, tokens to do)
+
+
+def batches(model: object) -> bool:
+    """Whether ``model`` advances several sessions in one pass (Model without a distributed
+    part; the Ascend module and a distributed group run one session at a time)."""
+    return hasattr(model, "forward_batch") and getattr(model, "part", None) is None
 
 
 @dataclass(frozen=True)
@@ -143,9 +151,41 @@ class Session:
         live = cp._live
         self._live = _Live(live.state, live.tokens[: live.n], live.n, live.logits)
 
+    # Where this session's forward passes run: here (None), or through a Batcher
+    # (engine/batch.py) that runs several sessions' decode steps as one pass.
+    batcher: "Batcher | None" = None
+
     def _run(self, ids: Sequence[int]) -> None:
+        if self.batcher is not None:
+            self.batcher.run(self, ids)
+        else:
+            self.advance(ids)
+
+    def advance(self, ids: Sequence[int]) -> None:
+        """Evaluate ``ids`` after the live tokens, on this thread, and commit (one chunk; no
+        context check: sync and eval make it)."""
         state = self._live.state.fork()
         self._commit(ids, state, self._model.forward(np.asarray(ids, dtype=np.int64), state))
+
+    @staticmethod
+    def advance_together(sessions: Sequence["Session"], tokens: Sequence[int]) -> None:
+        """One token for each of several distinct sessions of one engine in a single forward
+        pass (Model.forward_batch); each commits as ``advance([token])`` alone would, to the
+        same bits (docs/batching.md). Models that run one session at a time (the Ascend
+        module, a distributed group) advance them one after another."""
+        if not sessions:
+            return
+        model = sessions[0]._model
+        if any(s._model is not model for s in sessions) or len({id(s) for s in sessions}) != len(sessions):
+            raise ValueError("a batch takes distinct sessions of one engine")
+        if len(sessions) == 1 or not batches(model):
+            for s, t in zip(sessions, tokens):
+                s.advance([t])
+            return
+        states = [s._live.state.fork() for s in sessions]
+        out = np.asarray(model.forward_batch(np.asarray(tokens, dtype=np.int64), states))
+        for b, (s, t) in enumerate(zip(sessions, tokens)):
+            s._commit([int(t)], states[b], out[b])
 
     def _commit(self, ids: Sequence[int], state: ModelState, out) -> None:
         """Make ``state`` (the live state forked, then advanced by ``ids``) the live one."""
@@ -217,6 +257,10 @@ class Session:
 
         Stops after EOS (which is yielded but not evaluated: a transcript appends it, and the next
         sync prefills it), after ``max_tokens``, or when the context has one slot left."""
+        with self.batcher.decoding(self) if self.batcher is not None else contextlib.nullcontext():
+            yield from self._generate(params, max_tokens, stop_at_eos)
+
+    def _generate(self, params: SamplingParams, max_tokens: int, stop_at_eos: bool) -> Iterator[Step]:
         sampler = Sampler(params)
         eos = self.tokenizer.eos_id
         t = time.perf_counter()

@@ -61,7 +61,11 @@ class ModelState:
     def empty(cls, cfg: ModelConfig, held: range | None = None) -> "ModelState":
         """The state before any token; ``held``: only these layers (the others None)."""
         held = range(cfg.n_layer) if held is None else held
-        return cls([cls.empty_layer(cfg, i) if i in held else None for i in range(cfg.n_layer)], 0)
+        state = cls([cls.empty_layer(cfg, i) if i in held else None for i in range(cfg.n_layer)], 0)
+        # Evaluated here: MLX evaluates a pending array only on the thread that made it, and a
+        # session made on one thread may run on another (a server's slot, engine/batch.py).
+        mx.eval(*state.arrays())
+        return state
 
     @staticmethod
     def empty_layer(cfg: ModelConfig, i: int) -> LayerState:

@@ -45,6 +45,40 @@ class ServerOptions:
     keepalive_s: float = 5.0
     min_save_tokens: int = 512
     store: Any = None  # a SessionStore for the on-disk cache, or None
+    parallel: int = 1  # slots: requests generating at once, each with its own session
+
+
+# No API request nests deeper than this (a tool's JSON schema in a message, a few levels each);
+# a body nested deeper is refused before anything walks it recursively.
+MAX_DEPTH = 64
+
+
+def too_deep(value: Any, limit: int) -> bool:
+    """Whether ``value`` (parsed JSON) nests lists and objects more than ``limit`` deep; walks
+    it without recursion."""
+    stack = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, (dict, list)):
+            if depth > limit:
+                return True
+            stack.extend((c, depth + 1) for c in (v.values() if isinstance(v, dict) else v))
+    return False
+
+
+def text_bytes(value: Any) -> int:
+    """UTF-8 bytes of every string in ``value`` (parsed JSON), without recursion: at least the
+    text a prompt made of it renders."""
+    n, stack = 0, [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            n += len(v.encode("utf-8", "surrogatepass"))
+        elif isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return n
 
 
 def _dumps(d: Any) -> str:
@@ -74,7 +108,9 @@ class Server:
         self.tok = engine.tokenizer
         self.ctx = engine.session().ctx if not hasattr(engine, "ctx") else engine.ctx
         options.defaults.ctx = self.ctx
-        self.worker = Worker(engine, options.store, options.max_queue, options.min_save_tokens)
+        self.longest_token = max(len(self.tok.token_bytes(t)) for t in range(self.tok.vocab_size))
+        self.worker = Worker(engine, options.store, options.max_queue, options.min_save_tokens,
+                             parallel=options.parallel)
         self.counter = 0
 
     # -- request plumbing ---------------------------------------------------------------------
@@ -102,6 +138,10 @@ class Server:
             body = json.loads(bytes(data))
         except (ValueError, UnicodeDecodeError):
             raise ApiError(400, "invalid JSON request") from None
+        except RecursionError:  # nested deeper than the decoder goes
+            raise ApiError(400, f"JSON request nested more than {MAX_DEPTH} levels deep") from None
+        if too_deep(body, MAX_DEPTH):
+            raise ApiError(400, f"JSON request nested more than {MAX_DEPTH} levels deep")
         if not isinstance(body, dict):
             raise ApiError(400, "the request body must be a JSON object")
         return body
@@ -110,15 +150,24 @@ class Server:
         """Render and tokenise (thread pool). Assistant tool calls the server sampled get
         their exact DSML back from the tool memory (docs/server.md §3)."""
         replay = None
+        param = {"chat": "messages", "messages": "messages", "responses": "input", "completions": "prompt"}[spec.api]
+        # No token is longer than the tokenizer's longest: text of more bytes than the context
+        # times that cannot fit, and is refused before tokenising it (seconds of CPU and
+        # hundreds of MB for a prompt of many megabytes).
+        least = text_bytes(spec.prompt if spec.messages is None else spec.messages) // self.longest_token
+        if least >= self.ctx:
+            raise ApiError(400, f"Prompt has at least {least} tokens, but the configured context size is {self.ctx} "
+                           "tokens", param=param, code="context_length_exceeded",
+                           extra={"n_prompt_tokens": least, "n_ctx": self.ctx})
         if spec.messages is None:
             ids = self.tok.encode_rendered(spec.prompt or "")
         else:
-            msgs, replay = self.worker.memory.replay(spec.messages, spec.mode == "thinking")
+            with self.worker.memory_lock:  # the slots' threads add to it
+                msgs, replay = self.worker.memory.replay(spec.messages, spec.mode == "thinking")
             try:
                 _, ids = encode_guarded(self.tok, msgs, lambda m: render(m, spec.mode, spec.effort))
             except TemplateError as e:
                 raise ApiError(400, str(e), param="messages") from None
-        param = {"chat": "messages", "messages": "messages", "responses": "input", "completions": "prompt"}[spec.api]
         if len(ids) >= self.ctx:
             raise ApiError(400, f"Prompt has {len(ids)} tokens, but the configured context size is {self.ctx} tokens",
                            param=param, code="context_length_exceeded",

@@ -236,7 +236,7 @@ class MessagesFormat(Base):
         for c in self.calls:
             try:
                 args = json.loads(c["arguments"])
-            except ValueError:
+            except (ValueError, RecursionError):
                 args = {"arguments": c["arguments"]}
             content.append({"type": "tool_use", "id": c["id"], "name": c["name"], "input": args})
         return {"id": self.id, "type": "message", "role": "assistant", "model": self.spec.model, "content": content,

@@ -49,7 +49,7 @@ def decode_arguments(arguments: object) -> object:
     if isinstance(arguments, str):
         try:
             return json.loads(arguments)
-        except ValueError:
+        except (ValueError, RecursionError):
             return arguments
     return arguments
 

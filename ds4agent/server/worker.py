@@ -1,10 +1,18 @@
-"""The one thread that owns the engine's live session: jobs run strictly one after another in
-arrival order, from a bounded queue (docs/server.md §2).
+"""The engine's side of the server: a bounded queue of jobs in arrival order and ``parallel``
+slots that run them (docs/server.md §2).
 
-A job is a tokenised prompt plus its generation settings. The worker finds the longest cached
-start of it (the live session, the checkpoints kept at message boundaries, then the on-disk
-session store), prefills only the rest, samples, and hands events back through the job's
-``emit`` callback (called on the worker thread; the HTTP side hops them onto its event loop).
+A job is a tokenised prompt plus its generation settings. A slot owns one session (one
+context's KV) and runs one job at a time on its own thread: it finds the longest cached start
+of the prompt (its live session, the checkpoints it kept at message boundaries, then the
+on-disk session store), prefills only the rest, samples, and hands events back through the
+job's ``emit`` callback (called on the slot's thread; the HTTP side hops them onto its event
+loop). With more than one slot the sessions' forward passes go through one Batcher
+(engine/batch.py): the slots' decode steps run as one batched pass, and a prefill chunk runs
+between two steps, so a long prompt delays the others by a chunk at a time. Each job's tokens
+are the bits it gets on a server of one slot.
+
+A job waiting in the queue goes to an idle slot, the one whose cache holds the longest start of
+its prompt (the conversation it continues, usually); jobs are admitted in arrival order.
 
 Cache matching is by *text*, not by token ids (docs/server.md §4): the live KV holds the tokens
 the model sampled, which need not be the tokens the canonical tokeniser gives the same text. A
@@ -24,11 +32,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..conversation.reply import Reply
-from ..engine import SamplingParams
+from ..engine import Batcher, SamplingParams
 from ..sessions import StoreError
 from .toolmemory import SampledBlock, ToolMemory, calls_of_block
 
 if TYPE_CHECKING:
+    from ..engine import Session
     from ..sessions import SessionStore
 
 log = logging.getLogger("ds4agent.server")
@@ -71,30 +80,42 @@ class _Cached:
     used: float = 0.0
 
 
+def first_turn_bytes(job: Job, tok: Any) -> int:
+    """Bytes of ``job``'s prompt up to the end of its first user message (where the first
+    assistant turn starts; the whole prompt when it has none)."""
+    at = 0
+    for t in job.ids:
+        if t == tok.special["assistant"]:
+            return at
+        at += len(tok.token_bytes(t))
+    return at
+
+
 class QueueFull(Exception):
     pass
 
 
 class Worker:
     def __init__(self, engine: Any, store: "SessionStore | None" = None, max_queue: int = 16,
-                 min_save_tokens: int = 512, memory: ToolMemory | None = None) -> None:
+                 min_save_tokens: int = 512, memory: ToolMemory | None = None, parallel: int = 1) -> None:
+        if parallel < 1:
+            raise ValueError(f"parallel must be at least 1, got {parallel}")
         self.engine = engine
         self.tok = engine.tokenizer
-        self.session = engine.session()
-        self.ctx = self.session.ctx
         self.store = store
         self.memory = memory or ToolMemory()
         self.max_queue = max_queue
         self.min_save_tokens = min_save_tokens
+        self.batcher = Batcher() if parallel > 1 else None
         self._jobs: collections.deque[Job] = collections.deque()
         self._cv = threading.Condition()
         self._closing = False
-        self._current: Job | None = None
-        self._cached: list[_Cached] = []
-        self._saved_text: bytes | None = None  # text of the live session as last saved
+        # The session store and the tool memory are shared by the slots' threads (and the
+        # memory by the HTTP side's replay): one lock each, so that a slow save to disk does
+        # not hold up a request that only needs the memory.
+        self.store_lock = threading.Lock()
+        self.memory_lock = threading.Lock()
         self.requests = 0
-        self.special = {self.tok.special["user"], self.tok.eos_id}
-        self._think_open = self.tok.special.get("think_open")
         if store is not None:
             try:
                 n = self.memory.load(store)
@@ -102,8 +123,19 @@ class Worker:
                     log.info("tool memory: %d tool-call ids read back from the session files", n)
             except StoreError as e:
                 log.warning("tool memory: %s", e)
-        self._thread = threading.Thread(target=self._loop, name="ds4-engine", daemon=True)
-        self._thread.start()
+        self.slots = [Slot(self, i) for i in range(parallel)]
+        self._idle: list[Slot] = []
+        for slot in self.slots:
+            slot.start()
+
+    @property
+    def session(self) -> "Session":
+        """The first slot's session (with one slot: the server's only one)."""
+        return self.slots[0].session
+
+    @property
+    def ctx(self) -> int:
+        return self.slots[0].ctx
 
     # -- queue -----------------------------------------------------------------------------
     def submit(self, job: Job) -> None:
@@ -113,45 +145,119 @@ class Worker:
             if len(self._jobs) >= self.max_queue:
                 raise QueueFull(f"{len(self._jobs)} requests already wait for the engine")
             self._jobs.append(job)
-            self._cv.notify()
+            self._assign()
 
     @property
     def waiting(self) -> int:
         return len(self._jobs)
 
+    def _assign(self) -> None:
+        """Hand waiting jobs, oldest first, to idle slots: each to the idle slot whose cache
+        holds the longest start of its prompt. Under the lock."""
+        while self._jobs and self._idle:
+            job = self._jobs[0]
+            floor = first_turn_bytes(job, self.tok)
+            slot = max(self._idle, key=lambda sl: sl.cached_for(job, floor))  # ties: the first idle slot
+            have = slot.cached_for(job, floor)
+            if any(sl.finishing and sl.cached_for(job, floor) > have for sl in self.slots):
+                break  # a slot holding more of it is about to be idle: it goes there
+            self._jobs.popleft()
+            self._idle.remove(slot)
+            slot.job = job
+        self._cv.notify_all()
+
+    def next_job(self, slot: "Slot") -> Job | None:
+        """Block until a job is handed to ``slot``; None when the server closes."""
+        with self._cv:
+            slot.current = None
+            slot.finishing = False
+            self._idle.append(slot)
+            self._assign()
+            while slot.job is None and not self._closing:
+                self._cv.wait()
+            if slot in self._idle:
+                self._idle.remove(slot)
+            job, slot.job = slot.job, None
+            slot.current = job
+            if job is not None:
+                self.requests += 1
+            return job
+
     def close(self, save: bool = True, timeout: float = 30.0) -> None:
-        """Stop taking jobs, cancel the running and the waiting ones, then save the live
-        session (reason "shutdown") when a store is configured."""
+        """Stop taking jobs, cancel the running and the waiting ones, then save each slot's
+        live session (reason "shutdown") when a store is configured."""
         with self._cv:
             self._closing = True
-            pending = list(self._jobs)
+            pending = list(self._jobs) + [sl.job for sl in self.slots if sl.job is not None]
             self._jobs.clear()
-            if self._current is not None:
-                self._current.cancel.set()
+            for sl in self.slots:
+                sl.job = None
+                if sl.current is not None:
+                    sl.current.cancel.set()
             self._cv.notify_all()
         for job in pending:
             job.emit(JobEvent("error", "server shutting down", data={"status": 503}))
-        self._thread.join(timeout)
+        for sl in self.slots:
+            sl.join(timeout)
+        if self.batcher is not None:
+            self.batcher.close()
         if save:
-            self._save("shutdown")
+            for sl in self.slots:
+                sl.save("shutdown")
+
+
+class Slot:
+    """One session and the jobs it runs, on its own thread (see the module's docstring)."""
+
+    def __init__(self, worker: Worker, index: int) -> None:
+        self.worker = worker
+        self.index = index
+        self.tok = worker.tok
+        self.session = worker.engine.session()
+        self.session.batcher = worker.batcher
+        self.ctx = self.session.ctx
+        self.job: Job | None = None  # handed to this slot, not yet taken (under the worker's lock)
+        self.current: Job | None = None  # running
+        self.finishing = False  # its job has answered; the slot is about to be idle
+        self._cached: list[_Cached] = []
+        self._saved_text: bytes | None = None  # text of the live session as last saved
+        self._live_text = b""  # text of the live session after the last job
+        self.special = {self.tok.special["user"], self.tok.eos_id}
+        self._think_open = self.tok.special.get("think_open")
+        self._thread = threading.Thread(target=self._loop, name=f"ds4-slot{index}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout)
+
+    def cached_for(self, job: Job, floor: int) -> int:
+        """Bytes of ``job``'s prompt this slot's cache holds (the live session or a checkpoint
+        whose text starts the prompt), when they reach past its first user message (``floor``
+        bytes, first_turn_bytes): the
+        conversation it continues is here. A shorter start (the system prompt and tools, which
+        many conversations share) counts as none, so that new conversations spread over the
+        slots, the one idle longest first, rather than evict each other's live sessions (the
+        shared start is on disk after a cold save)."""
+        best = 0
+        for text in [self._live_text] + [c.text for c in self._cached]:
+            if len(text) > best and job.text.startswith(text):
+                best = len(text)
+        return best if best > floor else 0
 
     def _loop(self) -> None:
         while True:
-            with self._cv:
-                while not self._jobs and not self._closing:
-                    self._cv.wait()
-                if self._closing and not self._jobs:
-                    return
-                job = self._jobs.popleft()
-                self._current = job
+            job = self.worker.next_job(self)
+            if job is None:
+                return
             try:
                 self._run(job)
             except Exception as e:  # a bug must not take the server down; the session is consistent
                 log.exception("request failed")
                 job.emit(JobEvent("error", f"generation failed: {e}", data={"status": 500}))
             finally:
-                with self._cv:
-                    self._current = None
+                self._live_text = self.tok.decode_bytes(self.session.tokens)
 
     # -- cache -----------------------------------------------------------------------------
     def _offsets(self, ids: list[int]) -> dict[int, int]:
@@ -190,8 +296,8 @@ class Worker:
                 best = (len(c.tokens), "memory", c, ids)
         if best is None or best[1] != "live":
             # The live state is about to be replaced: keep it on disk when it is worth it.
-            self._save("evict")
-        if self.store is not None and (best is None or best[0] < len(job.ids)):
+            self.save("evict")
+        if self.worker.store is not None and (best is None or best[0] < len(job.ids)):
             got = self._from_disk(job, offsets, best[0] if best else 0)
             if got is not None:
                 return got, len(self.session.tokens), "disk"
@@ -205,15 +311,17 @@ class Worker:
         return ids, n, source
 
     def _from_disk(self, job: Job, offsets: dict[int, int], better_than: int) -> list[int] | None:
+        store = self.worker.store
         try:
-            sha = self.store.longest_prefix(job.text)
-            if sha is None:
-                return None
-            info = next((i for i in self.store.list() if i.sha == sha), None)
-            if info is None or info.tokens <= better_than or info.tokens < 1:
-                return None
-            cp = self.session.checkpoint()
-            self.store.load(sha, self.session)
+            with self.worker.store_lock:
+                sha = store.longest_prefix(job.text)
+                if sha is None:
+                    return None
+                info = next((i for i in store.list() if i.sha == sha), None)
+                if info is None or info.tokens <= better_than or info.tokens < 1:
+                    return None
+                cp = self.session.checkpoint()
+                store.load(sha, self.session)
         except StoreError as e:
             log.warning("kv cache: %s", e)
             return None
@@ -244,16 +352,20 @@ class Worker:
         if len(self._cached) > MAX_CHECKPOINTS:
             self._cached.remove(min(self._cached, key=lambda c: c.used))
 
-    def _save(self, reason: str) -> None:
+    def save(self, reason: str) -> None:
         s = self.session
-        if self.store is None or s.n_tokens < max(self.min_save_tokens, 1):
+        store = self.worker.store
+        if store is None or s.n_tokens < max(self.worker.min_save_tokens, 1):
             return
         text = self.tok.decode_bytes(s.tokens)
         if text == self._saved_text:
             return
         try:
             t0 = time.perf_counter()
-            sha = self.store.save(s, reason, tool_map=self.memory.map_for_text(text.decode("utf-8", "replace")))
+            with self.worker.memory_lock:
+                tool_map = self.worker.memory.map_for_text(text.decode("utf-8", "replace"))
+            with self.worker.store_lock:
+                sha = store.save(s, reason, tool_map=tool_map)
             self._saved_text = text
             log.info("kv cache stored tokens=%d reason=%s key=%s save=%.0f ms", s.n_tokens, reason, sha[:12],
                      (time.perf_counter() - t0) * 1000)
@@ -262,7 +374,6 @@ class Worker:
 
     # -- a job -----------------------------------------------------------------------------
     def _run(self, job: Job) -> None:
-        self.requests += 1
         t0 = time.perf_counter()
         ids, cached, source = self._reuse(job)
         if len(ids) >= self.ctx:
@@ -288,8 +399,8 @@ class Worker:
                 done = min(b, done + chunk)
                 s.sync(ids[:done])
                 job.emit(JobEvent("prefill", data={"done": done - cached, "total": len(ids) - cached}))
-            if done == cold and cold >= self.min_save_tokens:
-                self._save("cold")
+            if done == cold and cold >= self.worker.min_save_tokens:
+                self.save("cold")
             self._remember(ids[:done])
         prefill_s = time.perf_counter() - tp
         self._generate(job, usage, t0, tp, prefill_s, len(ids) - cached, len(ids))
@@ -319,7 +430,8 @@ class Worker:
             elif k == "content":
                 job.emit(JobEvent("content", ev.text))
             elif k == "call_start":
-                ident = self.memory.new_ids(job.id_prefix, 1)[0]
+                with self.worker.memory_lock:
+                    ident = self.worker.memory.new_ids(job.id_prefix, 1)[0]
                 ids_of[ev.index] = ident
                 calls[ev.index] = _Args()
                 job.emit(JobEvent("tool_start", index=ev.index, id=ident, name=ev.name))
@@ -334,7 +446,8 @@ class Worker:
             elif k == "tool_block":
                 parsed = calls_of_block(ev.text)
                 if parsed is not None:
-                    self.memory.remember([ids_of[i] for i in sorted(ids_of)],
+                    with self.worker.memory_lock:
+                        self.worker.memory.remember([ids_of[i] for i in sorted(ids_of)],
                                          SampledBlock(ev.text, "".join(reasoning) if job.mode == "thinking" else None,
                                                       parsed))
             elif k == "malformed":  # not a call: the block's text goes on as the answer
@@ -358,6 +471,10 @@ class Worker:
                  "finish=%s %.2fs", job.api, usage["prompt_tokens"], usage["cached_tokens"], usage["source"],
                  prefilled, prefilled / pre_s if prefilled else 0.0, n_gen, n_gen / gen_s if gen_s > 0 else 0.0,
                  replay.get("exact", 0), replay.get("canonical", 0), finish, time.perf_counter() - t0)
+        # The client may send its next turn as soon as it has this: the slot says first what it
+        # now holds, so that the turn waits for it rather than going elsewhere (Worker._assign).
+        self._live_text = self.tok.decode_bytes(self.session.tokens)
+        self.finishing = True
         job.emit(JobEvent("done", finish, data=usage))
 
 
@@ -383,7 +500,7 @@ class _Args:
         else:
             try:
                 delta = compact_json(json.loads(text))
-            except ValueError:
+            except (ValueError, RecursionError):
                 delta = text.strip() or "null"  # not JSON: passed on as written (parse() does the same)
         self.text += delta
         return delta

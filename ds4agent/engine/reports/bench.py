@@ -129,6 +129,56 @@ def run(engine: Engine, ids: list[int], points: list[int], gen_tokens: int,
     return rows
 
 
+@dataclass
+class StreamsRow:
+    """Decode of ``streams`` sessions advancing together (engine/batch.py): ``gen`` tokens each."""
+
+    streams: int
+    gen: int
+    seconds: float
+
+    @property
+    def aggregate_tps(self) -> float:
+        return self.streams * self.gen / self.seconds
+
+    @property
+    def stream_tps(self) -> float:
+        return self.gen / self.seconds
+
+
+def widths(most: int) -> list[int]:
+    """1, 2, 4, ... up to ``most`` (and ``most`` itself)."""
+    out, n = [], 1
+    while n < most:
+        out.append(n)
+        n *= 2
+    return out + [most]
+
+
+def parallel(engine: Engine, ids: list[int], streams: list[int], prompt: int, gen: int, repeat: int = 1,
+             progress: Callable[[StreamsRow], None] | None = None) -> list[StreamsRow]:
+    """Greedy decode of ``gen`` tokens by 1, 2, ... sessions at once, each after its own
+    ``prompt``-token prefill (different windows of ``ids``, not timed); the widths alternate
+    ``repeat`` times and each row is the median run. Sessions of one width advance in one
+    batched pass per step (Session.advance_together), as a server's slots do."""
+    from ..session import Session
+
+    runs: dict[int, list[float]] = {w: [] for w in streams}
+    for _ in range(repeat):
+        for w in streams:
+            sessions = [engine.session() for _ in range(w)]
+            for k, s in enumerate(sessions):
+                at = (k * 97) % max(1, len(ids) - prompt)
+                s.sync(ids[at : at + prompt])
+            t = time.perf_counter()
+            for _ in range(gen):
+                Session.advance_together(sessions, [int(np.argmax(s.logits)) for s in sessions])
+            runs[w].append(time.perf_counter() - t)
+            if progress:
+                progress(StreamsRow(w, gen, runs[w][-1]))
+    return [StreamsRow(w, gen, float(np.median(runs[w]))) for w in streams]
+
+
 def plot(rows: list[Row], path: str, title: str) -> None:
     import matplotlib
 
