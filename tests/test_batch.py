@@ -183,11 +183,31 @@ def test_cpu_products_alone_are_each_rows_bits(qtype, n: int) -> None:
 
         raw = random_blocks(qtype, rows, n // GGML_QUANT_SIZES[qtype][0], 5)
     for int8 in (True, False):
-        for T in (2, 4, 9):
-            x = rng.normal(size=(T, n)).astype(np.float32)
-            got = cpu.matmul_raw(raw, int(qtype), n, x, int8, alone=True)
-            want = np.concatenate([cpu.matmul_raw(raw, int(qtype), n, x[t : t + 1], int8) for t in range(T)])
-            assert np.array_equal(_bits(got), _bits(want)), (qtype, int8, T)
+        group = cpu.alone_group(raw[:8], int(qtype), n, int8)  # 3 where the few-token path allows it
+        for alone in {1, group}:
+            for T in (2, 4, 9):
+                x = rng.normal(size=(T, n)).astype(np.float32)
+                got = cpu.matmul_raw(raw, int(qtype), n, x, int8, alone=alone)
+                want = np.concatenate([cpu.matmul_raw(raw, int(qtype), n, x[t : t + 1], int8) for t in range(T)])
+                assert np.array_equal(_bits(got), _bits(want)), (qtype, int8, alone, T)
+
+
+def test_the_few_token_group_is_checked_not_assumed() -> None:
+    """alone_group answers 1 for a kernel whose few-token sums differ from its one-token sums
+    (as the F16 float path of 4+ tokens does), and 3 only when all three rows agree bit for bit."""
+    rng = np.random.default_rng(9)
+    raw = rng.normal(size=(8, 256)).astype(np.float16).view(np.uint8)
+    real = cpu.matmul_raw
+    try:
+        def skewed(r, qtype, n, x, int8=True, alone=0):
+            y = real(r, qtype, n, x, int8, alone)
+            return y if x.shape[0] == 1 else np.nextafter(y, np.inf)  # one ulp off for several tokens
+
+        cpu.matmul_raw = skewed
+        assert cpu.alone_group(raw, int(Q.F16), 256, False) == 1
+    finally:
+        cpu.matmul_raw = real
+    assert cpu.alone_group(raw, int(Q.F16), 256, False) in (1, 3)
 
 
 def test_gpu_plans_alone_split_as_one_token() -> None:

@@ -197,12 +197,13 @@ def quantize_k(x: np.ndarray) -> np.ndarray:
     return out
 
 
-def matmul_raw(raw: np.ndarray, qtype: int, n: int, x: np.ndarray, int8: bool = True, alone: bool = False
+def matmul_raw(raw: np.ndarray, qtype: int, n: int, x: np.ndarray, int8: bool = True, alone: int = 0
                ) -> np.ndarray:
     """x (T, n) @ Wᵀ for W = packed rows raw (out, row_bytes) of n elements each. With int8
     and a quantised W (and an AVX2 build) the activations go through quantize_act first
-    (quantize_k for IQ2_XXS and Q2_K below 16 tokens). ``alone``: each token's row the same
-    bits as a product of that token alone (the weights still read once for all of them).
+    (quantize_k for IQ2_XXS and Q2_K below 16 tokens). ``alone`` (> 0): each token's row the
+    same bits as a product of that token alone, the weights still read once for all of them,
+    this many tokens per pass (alone_group).
 
     Each row's bytes must be contiguous, the rows need not be: a column range of a matrix is
     a view whose rows lie a whole row of the file apart (cpu.c takes that distance as the
@@ -223,6 +224,19 @@ def matmul_raw(raw: np.ndarray, qtype: int, n: int, x: np.ndarray, int8: bool = 
     return y
 
 
+def alone_group(raw: np.ndarray, qtype: int, n: int, int8: bool) -> int:
+    """How many tokens one pass of the alone products may take over rows ``raw`` (a few rows of
+    the matrix) while each token keeps the bits it gets alone: 3 where this build's few-token
+    path computes each token as its one-token path does (the same dot products, in the same
+    order: checked here on these rows), else 1. Machines differ: without AVX-512 VNNI the
+    one-token Q8_0 product has a path of its own."""
+    x = np.random.default_rng(0).standard_normal((3, n)).astype(np.float32)
+    three = matmul_raw(raw, qtype, n, x, int8)
+    ones = np.concatenate([matmul_raw(raw, qtype, n, x[t : t + 1], int8) for t in range(3)])
+    return 3 if np.array_equal(three.view(np.uint32), ones.view(np.uint32)) else 1
+
+
+
 def moe_raw(x: np.ndarray, sel: np.ndarray, route_w: np.ndarray, gate: np.ndarray, up: np.ndarray, gu_type: int,
             down: np.ndarray, d_type: int, clamp: float, int8: bool = True) -> np.ndarray:
     """The routed-expert FFN on raw expert tensors gate/up (n_exp, F, row_bytes) and down
@@ -231,11 +245,12 @@ def moe_raw(x: np.ndarray, sel: np.ndarray, route_w: np.ndarray, gate: np.ndarra
 
 
 def moe_rows(x: np.ndarray, sel: np.ndarray, route_w: np.ndarray, rows: ExpertRows, clamp: float,
-             int8: bool = True, into: np.ndarray | None = None, alone: bool = False) -> np.ndarray:
+             int8: bool = True, into: np.ndarray | None = None, alone: int = 0) -> np.ndarray:
     """The routed-expert FFN over experts found through ``rows`` (the mapped file or the
     expert pool's slots): x (T, E), sel/route_w (T, k) -> (T, E). A selection of -1 is left
     out; ``into`` (T, E) is added to in place (the next range of experts of the same call).
-    ``alone``: each token's output the bits it gets as the only token of the call."""
+    ``alone`` (> 0): each token's output the bits it gets as the only token of the call, this
+    many tokens per pass (alone_group)."""
     x = _f32(x)
     T, E = x.shape
     sel = np.ascontiguousarray(sel, dtype=np.int32)
@@ -308,6 +323,7 @@ class CpuKernels:
         self._views: dict[str, tuple[np.ndarray, int, int]] = {}
         self._experts: dict[int, ExpertRows] = {}
         self._plans: dict[tuple[str, ...], tuple] = {}
+        self._groups: dict[str, int] = {}  # tokens per pass of the alone products, per matrix
         self.name = "cpu" if self.int8 else "cpu-exact"  # what the arithmetic is, not what was asked
         # The self-check's bounds (kernels/check.py) for the 8-bit path, as tests/test_kernels.py
         # bounds it: activations rounded to 8 bits per block (measured on the demo model: about
@@ -339,7 +355,23 @@ class CpuKernels:
                 raise ValueError(f"{name}: columns {cols[0]}..{cols[1]} are not whole blocks of {block}")
             raw = raw[:, cols[0] // block * size : cols[1] // block * size]
             n = cols[1] - cols[0]
-        return matmul_raw(raw, qtype, n, x, self.int8, alone)
+        return matmul_raw(raw, qtype, n, x, self.int8, self._alone(alone, name))
+
+    def _alone(self, alone: bool, *names: str) -> int:
+        """The ``alone`` argument of the C products over matrices ``names``: 0 (one batch), or
+        the tokens per pass that keep each token's bits for all of them (alone_group, checked
+        once per matrix on its first rows)."""
+        if not alone:
+            return 0
+        groups = []
+        for name in names:
+            g = self._groups.get(name)
+            if g is None:
+                t = self.w.file.tensors[name]
+                rows = self.w.file.array(name).view(np.uint8).reshape(-1, t.row_bytes)[:8]
+                g = self._groups[name] = alone_group(rows, t.type, t.shape[-1], self.int8)
+            groups.append(g)
+        return min(groups)
 
     def linears(self, x: mx.array, names: tuple[str, ...], alone: bool = False) -> list[np.ndarray]:
         """``[linear(x, n) for n in names]`` for matrices with the same input width, in one
@@ -362,7 +394,7 @@ class CpuKernels:
         yp = y.ctypes.data + 4 * T * ends[:-1]
         if library().ds4_matmul_multi(len(names), wp.ctypes.data, types.ctypes.data, row_bytes.ctypes.data,
                                       outs.ctypes.data, n, x.ctypes.data, T, yp.ctypes.data, int(self.int8),
-                                      int(alone)):
+                                      self._alone(alone, *names)):
             raise ValueError(f"{names}: no CPU kernel for one of these types")
         return [y[T * a : T * b].reshape(T, b - a) for a, b in zip(ends[:-1].tolist(), ends[1:].tolist())]
 
@@ -396,7 +428,7 @@ class CpuKernels:
         slabs = np.ascontiguousarray(xn.transpose(1, 0, 2))  # (G, T, n): each group's rows together
         y = np.empty((T, G * R), dtype=np.float32)
         if library().ds4_matmul_grouped(raw.ctypes.data, int(qtype), raw.shape[1], G, R, n, slabs.ctypes.data, T,
-                                        y.ctypes.data, int(self.int8), int(alone)):
+                                        y.ctypes.data, int(self.int8), self._alone(alone, name)):
             raise ValueError(f"{name}: no CPU kernel for GGML type {qtype}")
         return y
 
@@ -406,6 +438,8 @@ class CpuKernels:
             self._measure_prefetch = False
             self.prefetch = cpu_tune.measure_once(self.w.file, library(), matmul_raw)
         x, weights = _f32(x), _f32(weights)
+        p = f"blk.{layer}.ffn_"
+        alone = self._alone(alone, p + "gate_exps.weight", p + "down_exps.weight")
         pool = self.w.pool
         if pool is None:
             rows = self._experts.get(layer)

@@ -137,7 +137,8 @@ typedef struct {
     int64_t gu_row_bytes, d_row_bytes, E, F;
     float clamp;
     int int8;
-    int alone;  /* the tokens are different sessions': each gets the bits it gets alone (rows_alone) */
+    int alone;  /* the tokens are different sessions': each gets the bits it gets alone, this many tokens
+                 * per pass (rows_alone); 0: one batch */
 } moe_weights;
 
 /* An expert's tokens' activations for one product, quantised once (format f, kprep's
@@ -159,7 +160,7 @@ static int moe_quantise(moe_acts *a, int type, const float *X, int64_t m, int64_
 static void moe_apply(const moe_weights *mw, const uint8_t *W, int type, deq_fn deq, int64_t row_bytes, int64_t out,
                       int64_t n, const float *X, int64_t m, float *Y, int64_t y_stride, const moe_acts *a) {
     if (mw->alone && m > 1)
-        rows_alone(W, type, deq, row_bytes, out, n, X, m, Y, y_stride, a->f, a->q, a->xp);
+        rows_alone(W, type, deq, row_bytes, out, n, X, m, Y, y_stride, a->f, a->q, a->xp, mw->alone);
     else
         apply(W, type, deq, row_bytes, out, n, X, m, Y, y_stride, a->f, a->q, a->xp);
 }

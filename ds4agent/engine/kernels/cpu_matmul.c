@@ -183,39 +183,43 @@ static int quantise_alone(int type, const float *X, int64_t T, int64_t n, int in
 
 /* Rows 0 .. out of W for T tokens, each token's outputs exactly as the product of that token
  * alone computes them (T = 1), with each weight row still read from memory once for all the
- * tokens: run by run, every token through the one-token path over the run. ``acts``: the
- * tokens quantised by quantise_alone (format f), ``xp`` their kprep() arrangement or NULL.
- * Serial: callers spread runs (or row ranges) over the cores. Sessions decoding together in one
- * batch so get the bits they would get alone (docs/batching.md). */
+ * tokens: run by run, every g tokens through the few-token path over the run. g is 1, or up to
+ * DIRECT_MAX_T where the caller found that path to compute each token as the one-token path
+ * does (kernels/cpu.py alone_group checks it on the matrix itself). ``acts``: the tokens
+ * quantised by quantise_alone (format f), ``xp`` their kprep() arrangement or NULL. Serial:
+ * callers spread runs (or row ranges) over the cores. Sessions decoding together in one batch
+ * so get the bits they would get alone (docs/batching.md). */
 static void rows_alone(const uint8_t *W, int type, deq_fn deq, int64_t row_bytes, int64_t out, int64_t n,
                        const float *X, int64_t T, float *Y, int64_t y_stride, int f, const void *acts,
-                       const int8_t *xp) {
+                       const int8_t *xp, int g) {
     const size_t tb = f == 1 ? (size_t)(n / 32) * sizeof(qblock) : f == 2 ? (size_t)(n / 256) * sizeof(kblock) : 0;
     const int64_t run = alone_run(row_bytes);
+    if (g < 1 || g > DIRECT_MAX_T) g = 1;
     for (int64_t r0 = 0; r0 < out; r0 += run) {
         const int64_t nr = out - r0 < run ? out - r0 : run;
-        for (int64_t t = 0; t < T; t++)
-            apply(W + r0 * row_bytes, type, deq, row_bytes, nr, n, X + t * n, 1, Y + t * y_stride + r0, y_stride, f,
-                  (const char *)acts + t * tb, xp ? xp + t * kprep_bytes(n / 256) : NULL);
+        for (int64_t t = 0; t < T; t += g)
+            apply(W + r0 * row_bytes, type, deq, row_bytes, nr, n, X + t * n, T - t < g ? T - t : g,
+                  Y + t * y_stride + r0, y_stride, f, (const char *)acts + t * tb,
+                  xp ? xp + t * kprep_bytes(n / 256) : NULL);
     }
 }
 
 /* rows_alone over the whole matrix, its runs spread over the cores. */
 static void apply_alone(const uint8_t *W, int type, deq_fn deq, int64_t row_bytes, int64_t out, int64_t n,
-                        const float *X, int64_t T, float *Y, int64_t y_stride, int int8, void *scratch) {
+                        const float *X, int64_t T, float *Y, int64_t y_stride, int int8, void *scratch, int g) {
     const int f = quantise_alone(type, X, T, n, int8, scratch);
     const int64_t run = alone_run(row_bytes), nrun = (out + run - 1) / run;
 #pragma omp parallel for schedule(static) if (nrun > 1 && out * n >= (1 << 16))
     for (int64_t j = 0; j < nrun; j++) {
         const int64_t r0 = j * run, nr = out - r0 < run ? out - r0 : run;
-        rows_alone(W + r0 * row_bytes, type, deq, row_bytes, nr, n, X, T, Y + r0, y_stride, f, scratch, NULL);
+        rows_alone(W + r0 * row_bytes, type, deq, row_bytes, nr, n, X, T, Y + r0, y_stride, f, scratch, NULL, g);
     }
 }
 
 static void product(const uint8_t *W, int type, deq_fn deq, int64_t row_bytes, int64_t out, int64_t n,
                     const float *X, int64_t T, float *Y, int64_t y_stride, int int8, void *scratch, int alone) {
     if (alone && T > 1)
-        apply_alone(W, type, deq, row_bytes, out, n, X, T, Y, y_stride, int8, scratch);
+        apply_alone(W, type, deq, row_bytes, out, n, X, T, Y, y_stride, int8, scratch, alone);
     else
         apply(W, type, deq, row_bytes, out, n, X, T, Y, y_stride, quantise(type, X, T, n, int8, scratch), scratch, NULL);
 }
@@ -229,7 +233,8 @@ static void *act_scratch(int type, int64_t T, int64_t n, int int8, int alone, in
     return p;
 }
 
-/* Y (T, out) = X (T, n) W^T; int8: take the integer path where the weight type has one. */
+/* Y (T, out) = X (T, n) W^T; int8: take the integer path where the weight type has one; alone
+ * (0: no): each token's row as by itself, ``alone`` tokens per pass (rows_alone). */
 int ds4_matmul(const uint8_t *W, int type, int64_t row_bytes, int64_t out, int64_t n, const float *X,
                int64_t T, float *Y, int int8, int alone) {
     deq_fn deq = dequantiser(type);
@@ -252,7 +257,7 @@ int ds4_matmul_multi(int64_t M, const int64_t *W, const int32_t *type, const int
     if (alone && T > 1) {
         for (int64_t m = 0; m < M; m++) {
             const int rc = ds4_matmul((const uint8_t *)(intptr_t)W[m], type[m], row_bytes[m], out[m], n, X, T,
-                                      (float *)(intptr_t)Y[m], int8, 1);
+                                      (float *)(intptr_t)Y[m], int8, alone);
             if (rc) return rc;
         }
         return 0;
