@@ -9,9 +9,10 @@ on loopback with the official openai SDK (docs/batching.md). Not a timed test: r
    of --slots slots. Reported: completion tokens per second summed over the clients, counted from
    the moment every client has its first token to the last token (prefill excluded), and per
    client; and the ratio to one client.
-2. A short request while a long prompt prefills: one client sends a --long-token prompt; once
-   its prefill has started, another sends a short question. Reported: the short request's time
-   to first token, and the long one's prefill time.
+2. Short requests while a long prompt prefills: one client sends a --long-token prompt; once
+   its prefill has started, another sends short questions one after another, 2 s apart, until
+   it is done. Reported: the short requests' time to first token (median, most), and the long
+   one's.
 Requests lost (errors of any kind) are counted throughout and must be 0.
 """
 
@@ -84,8 +85,9 @@ def together(url: str, k: int, tokens: int, lost: list[str]) -> tuple[float, flo
     return agg, per
 
 
-def long_and_short(url: str, long_tokens: int, lost: list[str]) -> tuple[float, float]:
-    """(the short request's time to first token, the long prompt's prefill) in seconds."""
+def long_and_short(url: str, long_tokens: int, lost: list[str]) -> tuple[list[float], float]:
+    """(the short requests' times to first token, the long prompt's) in seconds: short requests
+    one after another, 2 s apart, for as long as the long prompt prefills."""
     words = " ".join(f"word{i % 997}" for i in range(long_tokens // 2))
     result: dict[str, tuple] = {}
 
@@ -98,11 +100,15 @@ def long_and_short(url: str, long_tokens: int, lost: list[str]) -> tuple[float, 
     long = threading.Thread(target=run, args=("long", "Summarise: " + words, 4))
     long.start()
     time.sleep(3.0)  # its prefill is under way
-    run("short", "Say hello.", 4)
+    shorts = []
+    while long.is_alive():
+        run("short", f"Say hello {len(shorts)}.", 4)
+        if "short" in result:
+            shorts.append(result.pop("short"))
+        time.sleep(2.0)
     long.join()
-    short = result.get("short")
     lg = result.get("long")
-    return (short[1] - short[0]) if short else float("nan"), (lg[1] - lg[0]) if lg else float("nan")
+    return [r[1] - r[0] for r in shorts], (lg[1] - lg[0]) if lg else float("nan")
 
 
 def main() -> None:
@@ -141,8 +147,9 @@ def main() -> None:
                 print(f"{k},{agg:.2f},{per:.2f},{agg / one:.2f}", flush=True)
             if a.long:
                 ttft, prefill = long_and_short(st.url, a.long, lost)
-                print(f"short request's first token after {ttft:.2f} s while a {a.long}-token prompt prefilled "
-                      f"(its first token after {prefill:.1f} s)", flush=True)
+                print(f"{len(ttft)} short requests while a {a.long}-token prompt prefilled (its first token after "
+                      f"{prefill:.1f} s): first token after median {statistics.median(ttft):.2f} s, at most "
+                      f"{max(ttft):.2f} s", flush=True)
             stats = st.worker.batcher.stats.as_dict() if st.worker.batcher else {}
     print(f"requests lost: {len(lost)}" + (f" ({lost[:3]})" if lost else ""))
     print(f"batcher: {stats}")

@@ -184,13 +184,21 @@ class Model:
         return state
 
     # The forward pass ------------------------------------------------------------------------
-    def forward(self, ids: np.ndarray, state: ModelState, all_logits: bool = False) -> mx.array:
+    def forward(self, ids: np.ndarray, state: ModelState, all_logits: bool = False, alone: bool = False) -> mx.array:
         """Run tokens ``ids`` (positions state.n_tokens ...) and return logits for the last
-        token (V,) or for every token (T, V); ``state`` advances in place."""
+        token (V,) or for every token (T, V); ``state`` advances in place. ``alone``: every
+        position computed to the bits of a step of that token alone (the products as in a
+        batch, docs/batching.md; attention, compressors and indexer give those bits anyway):
+        the verification of proposed tokens (docs/speculation.md)."""
         ids = np.asarray(ids, dtype=np.int64)
-        X = self.layers(self.embed(ids), ids, state, range(self.cfg.n_layer))
+        p0 = state.n_tokens
+        rows = [Rows(state, p0, 0, len(ids))]
+        alone = alone and len(ids) > 1
+        X = self._pass(self.embed(ids), ids, np.arange(p0, p0 + len(ids)), rows, range(self.cfg.n_layer), alone)
         self.advance(state, len(ids))
-        return self.head(X, all_logits)
+        if all_logits:
+            return self._head(X, alone)
+        return self._head(X[-1:])[0]
 
     def forward_batch(self, ids: np.ndarray, states: list[ModelState]) -> mx.array:
         """One token of each of several sessions (``ids[b]`` at position states[b].n_tokens) in

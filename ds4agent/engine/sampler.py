@@ -41,10 +41,16 @@ class Sampler:
         self.rng = Rng(params.seed)
 
     def __call__(self, logits: np.ndarray) -> int:
+        if self.params.temperature <= 0:
+            return int(np.argmax(np.asarray(logits, dtype=np.float32)))  # first maximum
+        return self._draw(*self.candidates(logits))
+
+    def candidates(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(token ids, weights) of what a draw at temperature > 0 picks from, in the order the
+        draw walks them: the tokens top-k, top-p and min-p keep, each weighted by
+        exp((logit - max) / temperature)."""
         p = self.params
         logits = np.asarray(logits, dtype=np.float32)
-        if p.temperature <= 0:
-            return int(np.argmax(logits))  # first maximum
         if p.top_k > 0:
             k = min(p.top_k, logits.size)
             ids = np.argsort(-logits, kind="stable")[:k]
@@ -63,8 +69,29 @@ class Sampler:
             keep[last + 1 :] = False
         keep[int(np.argmax(weights))] = True
         kept = np.flatnonzero(keep)
-        w = weights[kept]
+        return (kept if ids is None else ids[kept]), weights[kept]
+
+    def _draw(self, tokens: np.ndarray, w: np.ndarray) -> int:
         r = self.rng.uniform() * w.sum()
-        j = min(int(np.searchsorted(np.cumsum(w), r)), len(kept) - 1)  # first with cumsum >= r
-        idx = kept[j]
-        return int(idx if ids is None else ids[idx])
+        j = min(int(np.searchsorted(np.cumsum(w), r)), len(tokens) - 1)  # first with cumsum >= r
+        return int(tokens[j])
+
+    def check(self, logits: np.ndarray, draft: int) -> int | None:
+        """Speculative sampling of one proposed token (docs/speculation.md): None when ``draft``
+        is kept, else the token sampled in its place. A draft is a certain guess (the n-gram
+        lookup proposes one token, not a distribution), so it is kept with its probability
+        under these settings and otherwise replaced by a draw from the rest of the distribution,
+        renormalised: each token then comes out with exactly the probability a plain draw gives
+        it. Greedy (temperature <= 0): kept when it is the arg-max, else the arg-max."""
+        if self.params.temperature <= 0:
+            best = int(np.argmax(np.asarray(logits, dtype=np.float32)))
+            return None if draft == best else best
+        tokens, w = self.candidates(logits)
+        at = np.flatnonzero(tokens == draft)
+        p = float(w[at[0]] / w.sum()) if len(at) else 0.0
+        if p > 0 and self.rng.uniform() < p:
+            return None
+        if len(at):
+            w = w.copy()
+            w[at[0]] = 0.0
+        return self._draw(tokens, w)

@@ -23,6 +23,7 @@ from .state import ModelState, payload_size, read_payload, write_payload
 if TYPE_CHECKING:
     from ..modelfile.tokenizer import Tokenizer
     from .batch import Batcher
+    from .drafts import Drafter
     from .info import EngineInfo
     from .model import Model
 
@@ -251,21 +252,30 @@ class Session:
             raise ContextFullError(f"context of {self.ctx} tokens is full")
         self._run([int(token)])
 
+    # Proposes tokens to verify in one pass (engine/drafts.py; None: one token per pass).
+    drafter: "Drafter | None" = None
+
     def generate(self, params: SamplingParams = SamplingParams(), max_tokens: int = 50000,
                  stop_at_eos: bool = True) -> Iterator[Step]:
         """Sample from the current logits, yield the token, evaluate it, repeat.
 
         Stops after EOS (which is yielded but not evaluated: a transcript appends it, and the next
-        sync prefills it), after ``max_tokens``, or when the context has one slot left."""
+        sync prefills it), after ``max_tokens``, or when the context has one slot left. With a
+        ``drafter`` (and no batcher) the tokens it proposes after each sampled one are verified
+        in the same pass (``speculate``): the same tokens under greedy decoding, the same
+        distribution under sampling, and the same saved session, in fewer passes."""
         with self.batcher.decoding(self) if self.batcher is not None else contextlib.nullcontext():
             yield from self._generate(params, max_tokens, stop_at_eos)
 
     def _generate(self, params: SamplingParams, max_tokens: int, stop_at_eos: bool) -> Iterator[Step]:
         sampler = Sampler(params)
         eos = self.tokenizer.eos_id
+        drafter = self.drafter if self.batcher is None else None
         t = time.perf_counter()
-        for index in range(max_tokens):
-            token = sampler(self.logits)
+        index, pending = 0, None
+        while index < max_tokens:
+            token = sampler(self.logits) if pending is None else pending
+            pending = None
             now = time.perf_counter()
             finish = None
             if stop_at_eos and token == eos:
@@ -278,4 +288,51 @@ class Session:
             if finish:
                 return
             t = time.perf_counter()  # the consumer's time between steps is not ours
-            self.eval(token)
+            # Proposed tokens become steps only where a plain step would not have finished (and
+            # then not been evaluated): before the token limit, the context's end, an EOS.
+            room = min(max_tokens - 2 - index, self.ctx - 3 - self._live.n)
+            drafts = drafter.propose(self.tokens + [token], room) if drafter is not None and room > 0 else []
+            if eos in drafts:
+                drafts = drafts[: drafts.index(eos)]
+            if not drafts:
+                self.eval(token)
+                index += 1
+                continue
+            kept, pending = self.speculate(token, drafts[:room], sampler)
+            drafter.feedback(len(drafts[:room]), len(kept))
+            index += 1
+            spent = (time.perf_counter() - t) / (len(kept) + 1)
+            for d in kept:
+                yield Step(d, index, spent)
+                index += 1
+            t = time.perf_counter() - (spent if pending is not None else 0.0)
+
+    def speculate(self, token: int, drafts: Sequence[int], sampler: Sampler) -> tuple[list[int], int | None]:
+        """Evaluate ``token`` and the ``drafts`` proposed after it in one pass, and keep the
+        drafts the model agrees with (Sampler.check, position by position): returns (the drafts
+        kept, the token sampled in place of the first rejected one, or None when all were
+        kept). The session ends exactly as if ``token`` and the kept drafts had been evaluated
+        one by one: the pass computes each position to the bits of a step alone
+        (Model.forward's ``alone``), and when a draft was rejected the kept ones are evaluated
+        again from the state before, so the rejected ones leave no trace."""
+        ids = [int(token), *(int(d) for d in drafts)]
+        if self._live.n + len(ids) >= self.ctx:
+            raise ContextFullError(f"context of {self.ctx} tokens is full")
+        live = self._live
+        state = live.state.fork()
+        logits = np.asarray(self._model.forward(np.asarray(ids, dtype=np.int64), state, all_logits=True, alone=True),
+                            dtype=np.float32)
+        kept: list[int] = []
+        instead = None
+        for i, d in enumerate(ids[1:]):
+            instead = sampler.check(logits[i], d)
+            if instead is not None:
+                break
+            kept.append(d)
+        if instead is None:
+            self._commit(ids, state, logits[-1])
+        else:  # again from the state before, without the rejected drafts: the same bits as logits[len(kept)]
+            done = ids[: len(kept) + 1]
+            state = live.state.fork()
+            self._commit(done, state, self._model.forward(np.asarray(done, dtype=np.int64), state, alone=True))
+        return kept, instead

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("ds4agent.server")
 
 MAX_CHECKPOINTS = 16  # in-memory message-boundary checkpoints (O(1) each: shared arrays)
+SLOT_CHUNK_CPU = 64  # prefill chunk of a slot beside others, on the CPU kernels (see Slot)
 
 
 @dataclass
@@ -215,6 +216,11 @@ class Slot:
         self.tok = worker.tok
         self.session = worker.engine.session()
         self.session.batcher = worker.batcher
+        if worker.batcher is not None and worker.engine.info.backend == "cpu":
+            # A decode step of the other slots waits for one prefill chunk: on the CPU a chunk of
+            # 256 tokens takes 2-4 s on a small machine, one of 64 about half a second (and runs
+            # no slower per token there: the experts' few-token path is the faster one).
+            self.session.prefill_chunk = min(self.session.prefill_chunk, SLOT_CHUNK_CPU)
         self.ctx = self.session.ctx
         self.job: Job | None = None  # handed to this slot, not yet taken (under the worker's lock)
         self.current: Job | None = None  # running
