@@ -9,8 +9,9 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from . import __version__
+from . import __version__, settings
 from .engine.choices import BACKENDS, KERNELS, SPLITS
+from .settings import SPECULATE
 
 
 class UsageError(Exception):
@@ -29,7 +30,7 @@ def _open_engine(path, args: argparse.Namespace, ctx: int, flag: str = "--ctx"):
     kernels could not be used. A context beyond the one the model was trained for is refused
     (``flag`` names what set it): positions past it are extrapolation, the answers degrade
     without any sign, and the KV memory grows for nothing."""
-    from .engine import Engine
+    from .engine import Engine, EngineError
     from .engine.group.launch import launched
 
     if getattr(args, "split", None) or getattr(args, "hosts", None) or getattr(args, "hostfile", None) or launched():
@@ -39,6 +40,11 @@ def _open_engine(path, args: argparse.Namespace, ctx: int, flag: str = "--ctx"):
                              devices=getattr(args, "devices", None), w8a8=getattr(args, "w8a8", False),
                              memory_budget=getattr(args, "memory_budget", None),
                              expert_profile=getattr(args, "expert_profile", None))
+    try:
+        engine.set_speculation(getattr(args, "speculate", None) or settings.speculate_choice())
+    except (EngineError, settings.SettingsError) as e:
+        engine.close()
+        raise UsageError(str(e)) from None
     trained = engine.info.config.context_length
     if trained and ctx > trained:
         engine.close()
@@ -112,6 +118,10 @@ def _add_engine(group: argparse._ActionsContainer) -> None:
     group.add_argument("--expert-profile", metavar="FILE", default=None,
                        help="with experts streaming: start by reading the most used experts of this popularity "
                             "profile (written by ds4 bench --save-profile)")
+    group.add_argument("--speculate", choices=SPECULATE, default=None,
+                       help="propose tokens and verify several per pass, with the same output: ngram = from the "
+                            "conversation's own repeats (default $DS4_SPECULATE, 'speculate' in config.toml, else "
+                            "ngram; docs/speculation.md)")
     group.add_argument("--devices", metavar="LIST", default=None,
                        help="--backend npu: devices to split the layers over, e.g. 0,1 (default 0; cpu runs it on "
                             "host torch)")

@@ -104,15 +104,28 @@ def memory_budget_choice() -> int | str:
     return parse_budget(text)
 
 
+SPECULATE = ("off", "ngram", "mtp", "dspark")
+
+
+def speculate_choice() -> str:
+    """$DS4_SPECULATE, else 'speculate' in config.toml, else "ngram" (docs/speculation.md)."""
+    value = os.environ.get("DS4_SPECULATE")
+    if not value:
+        value = read_settings(config_path(), CONFIG_KEYS).get("speculate", "ngram")
+    if value not in SPECULATE:
+        raise SettingsError(f"speculate must be one of {', '.join(SPECULATE)}, got {value!r}")
+    return str(value)
+
+
 class ModelChoiceError(ValueError):
     """A model path the user named (flag, environment, config) that cannot be used; one line."""
 
 
 # The keys config.toml may hold. Anything else is most likely a typo, which would otherwise be
 # ignored without a word (a mistyped "model" silently runs the demo model).
-# mcp_servers and git_commit are the agent's (tools/mcp.py, tools/undo.py); memory_budget the
-# engine's (engine/expertpool.py).
-CONFIG_KEYS = ("model", "mcp_servers", "git_commit", "memory_budget")
+# mcp_servers and git_commit are the agent's (tools/mcp.py, tools/undo.py); memory_budget and
+# speculate the engine's (engine/expertpool.py, engine/drafts.py).
+CONFIG_KEYS = ("model", "mcp_servers", "git_commit", "memory_budget", "speculate")
 # A workspace's own settings file, at its root: the agent's settings that belong to a project.
 WORKSPACE_CONFIG = ".ds4agent.toml"
 WORKSPACE_KEYS = ("mcp_servers", "git_commit")

@@ -27,8 +27,8 @@ class Scripted:
         self.truth, self.start, self.k, self.wrong = truth, start, k, wrong
         self.calls = self.kept = 0
 
-    def propose(self, tokens, most: int) -> list[int]:
-        at = len(tokens) - self.start  # tokens generated so far, the last one included
+    def propose(self, history, n: int, token: int, most: int) -> list[int]:
+        at = n + 1 - self.start  # tokens generated so far, the last one included
         out = list(self.truth[at : at + min(self.k, most)])
         self.calls += 1
         if out and self.calls % 3 == 0 and self.wrong < len(out):
@@ -124,19 +124,22 @@ def test_sampled_generation_with_proposals_runs_to_its_end(engine) -> None:
 
 def test_ngram_drafter_proposes_what_followed_and_backs_off() -> None:
     d = NgramDrafter(order=3, start=3, most=5, pause_after=2, pause=3)
-    history = [1, 2, 3, 4, 5, 6, 9, 9, 1, 2, 3]
-    assert d.propose(history, 10) == [4, 5, 6]  # after the earlier 1 2 3
+    history = [1, 2, 3, 4, 5, 6, 9, 9, 1, 2]
+    assert d.propose(history, len(history), 3, 10) == [4, 5, 6]  # after the earlier 1 2 3
     d.feedback(3, 3)
     assert d.k == 4
-    assert d.propose(history + [4], 10) == [5, 6, 9, 9]  # 2 3 4 -> what followed, 4 now
-    assert d.propose([7, 8, 10, 11], 10) == []  # a new conversation: no repeat
+    history += [3]
+    assert d.propose(history, len(history), 4, 10) == [5, 6, 9, 9]  # 2 3 4 -> what followed, 4 now
+    assert d.propose([1, 2, 1, 2], 4, 1, 10) == [2, 1]  # a repeat reaching the end: then the token
+    other = [7, 8, 10]
+    assert d.propose(other, 3, 11, 10) == []  # another conversation: no repeat
     d.feedback(4, 1)
     assert d.k == 2
     for _ in range(2):
         d.feedback(2, 0)
-    assert d.propose(history, 10) == []  # paused after two proposals kept nothing
-    assert [d.propose(history, 10) for _ in range(3)][-1] == [4, 5]  # tries again after the pause
-    assert d.propose(history, 1) == [4]  # no more than asked for
+    assert d.propose(history, 10, 3, 10) == []  # paused after two proposals kept nothing
+    assert [d.propose(history, 10, 3, 10) for _ in range(3)][-1] == [4, 5]  # tries again after the pause
+    assert d.propose(history, 10, 3, 1) == [4]  # no more than asked for
     assert drafter("off") is None and isinstance(drafter("ngram"), NgramDrafter)
     with pytest.raises(ValueError, match="draft model"):
         drafter("mtp")

@@ -339,6 +339,7 @@ class Engine:
 
     def __init__(self, parts: Parts) -> None:
         self._parts = parts
+        self._speculate = "off"  # set_speculation
         self.tokenizer = parts.tokenizer
         self.info = parts.info
         self.ctx = parts.info.ctx
@@ -419,10 +420,25 @@ class Engine:
             sum(t.nbytes for n, t in self.file.tensors.items() if "_exps." not in n) + pool.allocated)
         return max(1, min(most, (available - model) // max(kv, 1))), kv
 
+    def set_speculation(self, kind: str) -> None:
+        """Where the sessions made from now on take proposed tokens from (engine/drafts.py:
+        "off", "ngram"; "mtp" and "dspark" need draft models this build does not run):
+        EngineError, one line, for one that cannot run."""
+        from . import drafts
+
+        try:
+            drafts.drafter(kind)
+        except ValueError as e:
+            raise EngineError(str(e)) from None
+        self._speculate = kind
+
     def session(self, ctx: int | None = None) -> Session:
         """A new, empty session; ``ctx`` defaults to the context the engine was opened with."""
-        return self._parts.session_class(self._parts.model, self.tokenizer, self.info,
-                                         self.ctx if ctx is None else ctx)
+        from . import drafts
+
+        s = self._parts.session_class(self._parts.model, self.tokenizer, self.info, self.ctx if ctx is None else ctx)
+        s.drafter = drafts.drafter(self._speculate)
+        return s
 
     def close(self) -> None:
         if self._parts.on_close is not None:

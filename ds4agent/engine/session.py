@@ -291,7 +291,8 @@ class Session:
             # Proposed tokens become steps only where a plain step would not have finished (and
             # then not been evaluated): before the token limit, the context's end, an EOS.
             room = min(max_tokens - 2 - index, self.ctx - 3 - self._live.n)
-            drafts = drafter.propose(self.tokens + [token], room) if drafter is not None and room > 0 else []
+            live = self._live
+            drafts = drafter.propose(live.tokens, live.n, token, room) if drafter is not None and room > 0 else []
             if eos in drafts:
                 drafts = drafts[: drafts.index(eos)]
             if not drafts:
