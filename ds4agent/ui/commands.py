@@ -244,6 +244,11 @@ class ChatCommands:
         self.out.line(f"  last turn    prefill {st.prefill_tokens} tok at {st.prefill_tps:.1f} t/s, "
                       f"generation {st.gen_tokens} tok at {st.gen_tps:.1f} t/s")
         self.out.line(f"  this session {st.turns} turns, {st.total_generated} tokens generated")
+        drafts = getattr(c.session.drafter, "stats", None)
+        if drafts is not None:
+            d = drafts()
+            self.out.line(f"  speculation  {c.session.drafter.name}: {d['drafted']} tokens proposed in "
+                          f"{d['proposals']} passes, {d['accepted']} kept ({d['mean_accepted']} per pass)")
         pool = c.engine.streaming()
         if pool is not None:
             self.out.line(f"  experts      {pool['slots']} of {pool['experts']} resident, the rest streamed: "
