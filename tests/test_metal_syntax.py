@@ -46,7 +46,8 @@ def test_the_source_is_mlx_own(metal_sources) -> None:
     """MLX's generator wrote these: its signature, buffer indices and explicit instantiation,
     and the split between constant and device memory by input size."""
     texts = list(metal_sources)
-    stem = "custom_kernel_ds4_moe_gate_up__66_256_2048_6_4096_16_1056_8_1_"  # Flash IQ2_XXS, tiles of 1
+    # Flash IQ2_XXS, tiles of 1, read from the expert tensors (offsets 0, one expert 2048 x 1056 bytes apart)
+    stem = "custom_kernel_ds4_moe_gate_up__66_256_2048_0_6_4096_16_1056_8_1_0_2162688_"
     gate_up = [t for t in texts if stem in t]
     # One source for every batch size: a decode step's 6 slots are padded to 8 (gpu.SMALL), so
     # MLX never moves the slot arrays to constant memory.
@@ -55,7 +56,7 @@ def test_the_source_is_mlx_own(metal_sources) -> None:
     assert "const device float* x [[buffer(2)]]" in one
     assert "uint3 thread_position_in_grid [[thread_position_in_grid]]" in one
     assert one.rstrip().endswith(stem + "uint8_t_uint8_t_float_int32_t_int32_t_float_float_int32_tc_float"
-                                 "<66, 256, 2048, 6, 4096, 16, 1056, 8, 1>;")
+                                 "<66, 256, 2048, 0, 6, 4096, 16, 1056, 8, 1, 0, 2162688>;")
     # dims: 8 values for a dense product (device memory), fewer elsewhere (constant memory).
     assert any("const constant float* clampv [[buffer(" in t for t in texts)
     for t in texts:

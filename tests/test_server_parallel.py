@@ -111,3 +111,10 @@ def _post(url: str, data: bytes) -> tuple[int, dict]:
             return r.status, json.loads(r.read())
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read())
+
+
+def test_parallel_flag_is_checked(demo_path, capsys) -> None:
+    from ds4agent.cli import main
+
+    assert main(["serve", "-m", str(demo_path), "--parallel", "0"]) == 2
+    assert "--parallel takes a whole number of at least 1 or 'auto'" in capsys.readouterr().err

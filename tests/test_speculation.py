@@ -145,3 +145,20 @@ def test_ngram_drafter_proposes_what_followed_and_backs_off() -> None:
         drafter("mtp")
     with pytest.raises(ValueError, match="unknown --speculate"):
         drafter("fast")
+
+
+def test_the_flag_and_its_setting(demo_path, monkeypatch, capsys) -> None:
+    from ds4agent.cli import main
+
+    monkeypatch.delenv("DS4_SPECULATE", raising=False)
+    assert main(["-m", str(demo_path), "-p", "hi", "-n", "2", "--temp", "0", "--speculate", "mtp"]) == 2
+    assert "needs its draft model" in capsys.readouterr().err
+    monkeypatch.setenv("DS4_SPECULATE", "fast")
+    assert main(["-m", str(demo_path), "-p", "hi", "-n", "2", "--temp", "0"]) == 2
+    assert "speculate must be one of off, ngram, mtp, dspark" in capsys.readouterr().err
+    monkeypatch.setenv("DS4_SPECULATE", "off")
+    assert main(["-m", str(demo_path), "-p", "hi", "-n", "2", "--temp", "0"]) == 0
+    with Engine.open(demo_path, backend="cpu", ctx=64) as e:
+        assert e.session().drafter is None  # the library speculates only when asked
+        e.set_speculation("ngram")
+        assert isinstance(e.session().drafter, NgramDrafter)

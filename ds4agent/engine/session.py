@@ -261,16 +261,19 @@ class Session:
 
         Stops after EOS (which is yielded but not evaluated: a transcript appends it, and the next
         sync prefills it), after ``max_tokens``, or when the context has one slot left. With a
-        ``drafter`` (and no batcher) the tokens it proposes after each sampled one are verified
-        in the same pass (``speculate``): the same tokens under greedy decoding, the same
-        distribution under sampling, and the same saved session, in fewer passes."""
+        ``drafter`` (no batcher, a model of one process) the tokens it proposes after each
+        sampled one are verified in the same pass (``speculate``): the same tokens under greedy
+        decoding, the same distribution under sampling, and the same saved session, in fewer
+        passes."""
         with self.batcher.decoding(self) if self.batcher is not None else contextlib.nullcontext():
             yield from self._generate(params, max_tokens, stop_at_eos)
 
     def _generate(self, params: SamplingParams, max_tokens: int, stop_at_eos: bool) -> Iterator[Step]:
         sampler = Sampler(params)
         eos = self.tokenizer.eos_id
-        drafter = self.drafter if self.batcher is None else None
+        # (a model that runs one position per pass exactly only (the Ascend module, a group)
+        # does not verify proposals; a batcher's sessions batch their steps instead)
+        drafter = self.drafter if self.batcher is None and batches(self._model) else None
         t = time.perf_counter()
         index, pending = 0, None
         while index < max_tokens:
