@@ -162,3 +162,45 @@ def test_the_flag_and_its_setting(demo_path, monkeypatch, capsys) -> None:
         assert e.session().drafter is None  # the library speculates only when asked
         e.set_speculation("ngram")
         assert isinstance(e.session().drafter, NgramDrafter)
+
+
+def test_a_batcher_session_speculates_while_alone(engine) -> None:
+    """Through a batcher (a server slot): verification passes run on its thread; alone, the
+    proposals are verified; beside another generating session, the steps batch. Both ways the
+    tokens and the saved session are plain decoding's."""
+    import threading
+
+    from ds4agent.engine import Batcher
+
+    prompts = [list(range(300, 340)), list(range(500, 520))]
+    plain = [_plain(engine, p, 24) for p in prompts]
+    b = Batcher()
+    try:
+        sessions = []
+        for p, (truth, _) in zip(prompts, plain):
+            s = engine.session()
+            s.batcher = b
+            s.sync(p)
+            s.drafter = Scripted(truth, len(p), 4, 1)
+            sessions.append(s)
+        alone = [st.token for st in sessions[0].generate(GREEDY, max_tokens=24, stop_at_eos=False)]
+        assert alone == plain[0][0] and sessions[0].snapshot() == plain[0][1]
+        assert sessions[0].drafter.kept > 8 and b.stats.steps < 24  # proposals were verified
+        sessions[0].reset()
+        sessions[0].sync(prompts[0])
+        sessions[0].drafter = Scripted(plain[0][0], len(prompts[0]), 4, 1)
+        got: list = [None, None]
+
+        def run(k: int) -> None:
+            got[k] = [st.token for st in sessions[k].generate(GREEDY, max_tokens=24, stop_at_eos=False)]
+
+        threads = [threading.Thread(target=run, args=(k,)) for k in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert got == [plain[0][0], plain[1][0]]
+        assert [s.snapshot() for s in sessions] == [plain[0][1], plain[1][1]]
+        assert b.stats.widest == 2
+    finally:
+        b.close()

@@ -23,7 +23,7 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator, Protocol, Sequence
+from typing import Any, Callable, Iterator, Protocol, Sequence
 
 
 class Advancing(Protocol):
@@ -37,10 +37,16 @@ class Advancing(Protocol):
 
 @dataclass
 class _Ask:
-    session: "Advancing"
+    session: "Advancing | None"
     ids: list[int]
     done: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
+    call: Callable[[], Any] | None = None  # instead of ids: a function to run on the thread
+    result: Any = None
+
+    @property
+    def single(self) -> bool:
+        return self.call is None and len(self.ids) == 1
 
 
 @dataclass
@@ -85,6 +91,26 @@ class Batcher:
         if ask.error is not None:
             raise ask.error
 
+    def call(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` on the batcher's thread between two passes (a session's verification
+        of proposed tokens: engine/session.py speculate) and return what it returned."""
+        ask = _Ask(None, [], call=fn)
+        with self._cv:
+            if self._closing:
+                raise RuntimeError("the batcher is closed")
+            self._asks.append(ask)
+            self._cv.notify_all()
+        ask.done.wait()
+        if ask.error is not None:
+            raise ask.error
+        return ask.result
+
+    def alone(self, session: "Advancing") -> bool:
+        """Whether ``session`` is the only one generating (its steps would be a batch of one:
+        it may as well verify proposed tokens)."""
+        with self._cv:
+            return all(k == id(session) for k in self._decoding)
+
     @contextmanager
     def decoding(self, session: "Advancing") -> Iterator[None]:
         """While inside, ``session`` is generating: steps wait (briefly) for its next token."""
@@ -119,13 +145,13 @@ class Batcher:
                 first_decode = None
                 self._cv.wait()
                 continue
-            single = [a for a in self._asks if len(a.ids) == 1]
-            chunks = [a for a in self._asks if len(a.ids) > 1]
+            single = [a for a in self._asks if a.single]
+            chunks = [a for a in self._asks if not a.single]  # prefill chunks and calls: alone
             if chunks and (not single or self._prefill_next):
                 self._prefill_next = False
                 self._asks.remove(chunks[0])
                 return [chunks[0]]
-            posted = {id(a.session) for a in self._asks}
+            posted = {id(a.session) for a in self._asks if a.session is not None}
             missing = [k for k in self._decoding if k not in posted]
             now = time.perf_counter()
             first_decode = first_decode or now
@@ -146,7 +172,9 @@ class Batcher:
             if asks is None:
                 return
             try:
-                if len(asks[0].ids) > 1:
+                if asks[0].call is not None:
+                    asks[0].result = asks[0].call()
+                elif len(asks[0].ids) > 1:
                     self.stats.chunks += 1
                     asks[0].session.advance(asks[0].ids)
                 else:

@@ -12,7 +12,7 @@ import contextlib
 import math
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -261,10 +261,10 @@ class Session:
 
         Stops after EOS (which is yielded but not evaluated: a transcript appends it, and the next
         sync prefills it), after ``max_tokens``, or when the context has one slot left. With a
-        ``drafter`` (no batcher, a model of one process) the tokens it proposes after each
-        sampled one are verified in the same pass (``speculate``): the same tokens under greedy
-        decoding, the same distribution under sampling, and the same saved session, in fewer
-        passes."""
+        ``drafter`` (a model of one process; under a batcher only while no other session
+        generates) the tokens it proposes after each sampled one are verified in the same pass
+        (``speculate``): the same tokens under greedy decoding, the same distribution under
+        sampling, and the same saved session, in fewer passes."""
         with self.batcher.decoding(self) if self.batcher is not None else contextlib.nullcontext():
             yield from self._generate(params, max_tokens, stop_at_eos)
 
@@ -272,8 +272,9 @@ class Session:
         sampler = Sampler(params)
         eos = self.tokenizer.eos_id
         # (a model that runs one position per pass exactly only (the Ascend module, a group)
-        # does not verify proposals; a batcher's sessions batch their steps instead)
-        drafter = self.drafter if self.batcher is None and batches(self._model) else None
+        # does not verify proposals; a batcher's session does only while no other generates:
+        # otherwise their steps batch instead)
+        drafter = self.drafter if batches(self._model) else None
         t = time.perf_counter()
         index, pending = 0, None
         while index < max_tokens:
@@ -295,7 +296,8 @@ class Session:
             # then not been evaluated): before the token limit, the context's end, an EOS.
             room = min(max_tokens - 2 - index, self.ctx - 3 - self._live.n)
             live = self._live
-            drafts = drafter.propose(live.tokens, live.n, token, room) if drafter is not None and room > 0 else []
+            narrow = self.batcher is None or self.batcher.alone(self)
+            drafts = drafter.propose(live.tokens, live.n, token, room) if drafter and room > 0 and narrow else []
             if eos in drafts:
                 drafts = drafts[: drafts.index(eos)]
             if not drafts:
@@ -323,9 +325,17 @@ class Session:
         if self._live.n + len(ids) >= self.ctx:
             raise ContextFullError(f"context of {self.ctx} tokens is full")
         live = self._live
-        state = live.state.fork()
-        logits = np.asarray(self._model.forward(np.asarray(ids, dtype=np.int64), state, all_logits=True, alone=True),
-                            dtype=np.float32)
+
+        def verify() -> tuple[ModelState, np.ndarray]:
+            state = live.state.fork()
+            out = self._model.forward(np.asarray(ids, dtype=np.int64), state, all_logits=True, alone=True)
+            return state, np.asarray(out, dtype=np.float32)
+
+        def again(done: list[int]) -> tuple[ModelState, np.ndarray]:
+            state = live.state.fork()
+            return state, np.asarray(self._model.forward(np.asarray(done, dtype=np.int64), state, alone=True))
+
+        state, logits = self._on_engine(verify)
         kept: list[int] = []
         instead = None
         for i, d in enumerate(ids[1:]):
@@ -337,6 +347,10 @@ class Session:
             self._commit(ids, state, logits[-1])
         else:  # again from the state before, without the rejected drafts: the same bits as logits[len(kept)]
             done = ids[: len(kept) + 1]
-            state = live.state.fork()
-            self._commit(done, state, self._model.forward(np.asarray(done, dtype=np.int64), state, alone=True))
+            state, last = self._on_engine(lambda: again(done))
+            self._commit(done, state, last)
         return kept, instead
+
+    def _on_engine(self, fn: Callable[[], Any]) -> Any:
+        """``fn()`` where this session's passes run: here, or on its batcher's thread."""
+        return fn() if self.batcher is None else self.batcher.call(fn)

@@ -228,6 +228,7 @@ class Slot:
         self._cached: list[_Cached] = []
         self._saved_text: bytes | None = None  # text of the live session as last saved
         self._live_text = b""  # text of the live session after the last job
+        self._drafts_before: dict = {}  # the drafter's counters when the running job began
         self.special = {self.tok.special["user"], self.tok.eos_id}
         self._think_open = self.tok.special.get("think_open")
         self._thread = threading.Thread(target=self._loop, name=f"ds4-slot{index}", daemon=True)
@@ -252,11 +253,26 @@ class Slot:
                 best = len(text)
         return best if best > floor else 0
 
+    def _drafted(self) -> str:
+        """The log's words on speculation for the job just run (proposed and kept tokens, their
+        mean per pass), or nothing when no proposal was made."""
+        stats = getattr(self.session.drafter, "stats", None)
+        if stats is None:
+            return ""
+        now, before = stats(), self._drafts_before
+        passes, drafted = now["proposals"] - before["proposals"], now["drafted"] - before["drafted"]
+        if not passes:
+            return ""
+        kept = now["accepted"] - before["accepted"]
+        return f" drafted={drafted} accepted={kept} ({kept / passes:.2f} per pass)"
+
     def _loop(self) -> None:
         while True:
             job = self.worker.next_job(self)
             if job is None:
                 return
+            stats = getattr(self.session.drafter, "stats", None)
+            self._drafts_before = stats() if stats is not None else {}
             try:
                 self._run(job)
             except Exception as e:  # a bug must not take the server down; the session is consistent
@@ -473,10 +489,10 @@ class Slot:
         usage["prefilled_tokens"] = prefilled
         pre_s = max(tp_end - tp, 1e-9)
         replay = job.replay or {}
-        log.info("%s prompt=%d cached=%d (%s) prefill=%d %.1f t/s gen=%d %.1f t/s tools replayed=%d canonical=%d "
+        log.info("%s prompt=%d cached=%d (%s) prefill=%d %.1f t/s gen=%d %.1f t/s%s tools replayed=%d canonical=%d "
                  "finish=%s %.2fs", job.api, usage["prompt_tokens"], usage["cached_tokens"], usage["source"],
                  prefilled, prefilled / pre_s if prefilled else 0.0, n_gen, n_gen / gen_s if gen_s > 0 else 0.0,
-                 replay.get("exact", 0), replay.get("canonical", 0), finish, time.perf_counter() - t0)
+                 self._drafted(), replay.get("exact", 0), replay.get("canonical", 0), finish, time.perf_counter() - t0)
         # The client may send its next turn as soon as it has this: the slot says first what it
         # now holds, so that the turn waits for it rather than going elsewhere (Worker._assign).
         self._live_text = self.tok.decode_bytes(self.session.tokens)
