@@ -630,8 +630,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     def share(gen_tps: float) -> str:
         return f" ({100 * per_token * gen_tps / probe:.0f}% of the read bandwidth)" if probe else ""
 
+    drafts: dict = {}
     rows = benchmark.run(engine, ids, points, args.gen_tokens,
-                         BenchProgress(Out(sys.stderr, tty=sys.stderr.isatty()), share))
+                         BenchProgress(Out(sys.stderr, tty=sys.stderr.isatty()), share), drafts)
     if args.csv:
         with open(args.csv, "w", encoding="utf-8") as f:
             benchmark.write_csv(rows, f)
@@ -643,6 +644,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     note = benchmark.prefetch_note(engine)
     if note:
         _say(f"CPU kernels' prefetch: {note}")
+    if drafts:
+        _say(f"speculation: {drafts['drafted']} tokens proposed in {drafts['proposals']} passes, {drafts['accepted']} "
+             f"kept ({drafts['mean_accepted']} per pass); --speculate off measures plain decode")
     note = benchmark.streaming_note(engine, sum(r.gen_tokens for r in rows))
     if note:
         _say(note)

@@ -103,9 +103,12 @@ def streaming_note(engine: Engine, decoded: int) -> str | None:
 
 
 def run(engine: Engine, ids: list[int], points: list[int], gen_tokens: int,
-        progress: Callable[[int, int, Row], None] | None = None) -> list[Row]:
+        progress: Callable[[int, int, Row], None] | None = None, drafts: dict | None = None) -> list[Row]:
+    """The rows; ``drafts`` (when given) gets the session's drafter counters (proposed and
+    kept tokens: the decode goes through Session.generate, speculating as the engine does)."""
+    from ..params import SamplingParams
+
     s = engine.session()
-    eos = engine.tokenizer.eos_id
     rows = []
     prev = 0
     for k, ctx in enumerate(points):
@@ -114,10 +117,10 @@ def run(engine: Engine, ids: list[int], points: list[int], gen_tokens: int,
         prefill = time.perf_counter() - t
         blob = s.snapshot()
         t = time.perf_counter()
-        for _ in range(gen_tokens):
-            logits = s.logits.copy()
-            logits[eos] = -np.inf  # exactly gen_tokens tokens: never stop early
-            s.eval(int(np.argmax(logits)))
+        # gen_tokens tokens evaluated (the last one sampled is not), greedy, an end of sentence
+        # taken as any token: exactly gen_tokens steps whatever the model says.
+        for _ in s.generate(SamplingParams(temperature=0), max_tokens=gen_tokens + 1, stop_at_eos=False):
+            pass
         gen = time.perf_counter() - t
         s.restore(blob)
         row = Row(ctx, n if n else ctx - prev, n / prefill if prefill > 0 else 0.0, gen_tokens,
@@ -126,6 +129,9 @@ def run(engine: Engine, ids: list[int], points: list[int], gen_tokens: int,
         prev = ctx
         if progress:
             progress(k + 1, len(points), row)
+    stats = getattr(s.drafter, "stats", None)
+    if drafts is not None and stats is not None:
+        drafts.update(stats())
     return rows
 
 
