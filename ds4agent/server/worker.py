@@ -109,6 +109,7 @@ class Worker:
         self.min_save_tokens = min_save_tokens
         self.batcher = Batcher() if parallel > 1 else None
         self._jobs: collections.deque[Job] = collections.deque()
+        self._floors: dict[int, int] = {}  # id of a waiting job -> first_turn_bytes of it
         self._cv = threading.Condition()
         self._closing = False
         # The session store and the tool memory are shared by the slots' threads (and the
@@ -157,12 +158,15 @@ class Worker:
         holds the longest start of its prompt. Under the lock."""
         while self._jobs and self._idle:
             job = self._jobs[0]
-            floor = first_turn_bytes(job, self.tok)
+            floor = self._floors.get(id(job))
+            if floor is None:  # (once per job: a long prompt's tokens are walked once)
+                floor = self._floors[id(job)] = first_turn_bytes(job, self.tok)
             slot = max(self._idle, key=lambda sl: sl.cached_for(job, floor))  # ties: the first idle slot
             have = slot.cached_for(job, floor)
             if any(sl.finishing and sl.cached_for(job, floor) > have for sl in self.slots):
                 break  # a slot holding more of it is about to be idle: it goes there
             self._jobs.popleft()
+            self._floors.pop(id(job), None)
             self._idle.remove(slot)
             slot.job = job
         self._cv.notify_all()
@@ -191,6 +195,7 @@ class Worker:
             self._closing = True
             pending = list(self._jobs) + [sl.job for sl in self.slots if sl.job is not None]
             self._jobs.clear()
+            self._floors.clear()
             for sl in self.slots:
                 sl.job = None
                 if sl.current is not None:
@@ -253,11 +258,15 @@ class Slot:
                 best = len(text)
         return best if best > floor else 0
 
+    def _drafter_stats(self):
+        """The counters of the session's drafter (engine/drafts.py), when it has one."""
+        return getattr(getattr(self.session, "drafter", None), "stats", None)
+
     def _drafted(self) -> str:
         """The log's words on speculation for the job just run (proposed and kept tokens, their
         mean per pass), or nothing when no proposal was made."""
-        stats = getattr(self.session.drafter, "stats", None)
-        if stats is None:
+        stats = self._drafter_stats()
+        if stats is None or not self._drafts_before:
             return ""
         now, before = stats(), self._drafts_before
         passes, drafted = now["proposals"] - before["proposals"], now["drafted"] - before["drafted"]
@@ -271,9 +280,9 @@ class Slot:
             job = self.worker.next_job(self)
             if job is None:
                 return
-            stats = getattr(self.session.drafter, "stats", None)
-            self._drafts_before = stats() if stats is not None else {}
             try:
+                stats = self._drafter_stats()
+                self._drafts_before = stats() if stats is not None else {}
                 self._run(job)
             except Exception as e:  # a bug must not take the server down; the session is consistent
                 log.exception("request failed")
