@@ -81,20 +81,15 @@ class Batcher:
     def run(self, session: "Advancing", ids: Sequence[int]) -> None:
         """Evaluate ``ids`` after ``session``'s live tokens (Session.advance), on the batcher's
         thread; returns when it is committed, raises what it raised."""
-        ask = _Ask(session, [int(i) for i in ids])
-        with self._cv:
-            if self._closing:
-                raise RuntimeError("the batcher is closed")
-            self._asks.append(ask)
-            self._cv.notify_all()
-        ask.done.wait()
-        if ask.error is not None:
-            raise ask.error
+        self._wait(_Ask(session, [int(i) for i in ids]))
 
     def call(self, fn: Callable[[], Any]) -> Any:
         """Run ``fn`` on the batcher's thread between two passes (a session's verification
         of proposed tokens: engine/session.py speculate) and return what it returned."""
-        ask = _Ask(None, [], call=fn)
+        return self._wait(_Ask(None, [], call=fn)).result
+
+    def _wait(self, ask: _Ask) -> _Ask:
+        """Queue ``ask`` and block until the thread has run it; raises what it raised."""
         with self._cv:
             if self._closing:
                 raise RuntimeError("the batcher is closed")
@@ -103,7 +98,7 @@ class Batcher:
         ask.done.wait()
         if ask.error is not None:
             raise ask.error
-        return ask.result
+        return ask
 
     def alone(self, session: "Advancing") -> bool:
         """Whether ``session`` is the only one generating (its steps would be a batch of one:
