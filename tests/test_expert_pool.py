@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import ctypes
 import os
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import pytest
@@ -105,14 +107,24 @@ def _direct_pool(path: Path, slots: int, policy: str = "lru") -> tuple[GGUFFile,
     return f, ExpertPool(f, cfg, slots * expertpool.slot_bytes(f, cfg), policy=policy)
 
 
+@contextmanager
+def _pooled(path: Path, slots: int, policy: str = "lru") -> Iterator[tuple[GGUFFile, ExpertPool]]:
+    """_direct_pool for the length of a block: the pool, then the file, closed after it."""
+    f, pool = _direct_pool(path, slots, policy)
+    try:
+        yield f, pool
+    finally:
+        pool.close()
+        f.close()
+
+
 def _use(pool: ExpertPool, layer: int, *experts: int) -> None:
     with pool.holding(layer, np.array(experts)):
         pass
 
 
 def test_a_slot_holds_the_experts_bytes_from_the_file(demo_path: Path) -> None:
-    f, pool = _direct_pool(demo_path, 4)
-    try:
+    with _pooled(demo_path, 4) as (f, pool):
         cfg = config_from_gguf(f)
         layer, experts = cfg.n_layer - 1, [1, cfg.n_expert - 1]
         with pool.holding(layer, np.array(experts)) as rows:
@@ -122,28 +134,20 @@ def test_a_slot_holds_the_experts_bytes_from_the_file(demo_path: Path) -> None:
                     assert ctypes.string_at(int(table[e]), t[e].nbytes) == t[e].tobytes()
                 assert table[0] == 0  # not held by this call
             assert rows.F == f.tensors[f"blk.{layer}.ffn_gate_exps.weight"].shape[1]
-    finally:
-        pool.close()
-        f.close()
 
 
 def test_lru_evicts_the_least_recently_used(demo_path: Path) -> None:
-    f, pool = _direct_pool(demo_path, 3, "lru")
-    try:
+    with _pooled(demo_path, 3, "lru") as (f, pool):
         for e in (0, 1, 2):
             _use(pool, 4, e)
         _use(pool, 4, 0)  # 1 is now the oldest
         _use(pool, 4, 3)
         assert pool.resident() == [(4, 0), (4, 2), (4, 3)]
         assert (pool.stats.hits, pool.stats.misses) == (1, 4)
-    finally:
-        pool.close()
-        f.close()
 
 
 def test_lfu_keeps_the_often_used_and_ages_the_counts(demo_path: Path) -> None:
-    f, pool = _direct_pool(demo_path, 3, "lfu")
-    try:
+    with _pooled(demo_path, 3, "lfu") as (f, pool):
         for e in (0, 0, 0, 1, 2, 3):  # lru would evict 0 (the oldest use); lfu evicts 1 (used least, older than 2)
             _use(pool, 4, e)
         assert pool.resident() == [(4, 0), (4, 2), (4, 3)]
@@ -157,42 +161,30 @@ def test_lfu_keeps_the_often_used_and_ages_the_counts(demo_path: Path) -> None:
         # for little now and the recent favourites stay.
         _use(pool, 4, 6)
         assert pool.resident() == [(4, 2), (4, 3), (4, 6)]
-    finally:
-        pool.close()
-        f.close()
 
 
 def test_a_call_holds_its_experts_while_it_runs(demo_path: Path) -> None:
-    f, pool = _direct_pool(demo_path, 2)
-    try:
+    with _pooled(demo_path, 2) as (f, pool):
         with pool.holding(2, np.array([3, 4])):
             assert pool.prefetch(2, np.array([5, 6])) == 0  # nothing free: no read ahead evicts them
         with pytest.raises(ValueError, match="3 experts at once in a pool of 2"):
             with pool.holding(2, np.array([3, 4, 5])):
                 pass
         assert [len(s) for s in pool.spans(np.array([[5, 1], [1, 9], [3, -1]]))] == [2, 2]
-    finally:
-        pool.close()
-        f.close()
 
 
 def test_reads_ahead_are_counted_used_or_wasted(demo_path: Path) -> None:
-    f, pool = _direct_pool(demo_path, 4)
-    try:
+    with _pooled(demo_path, 4) as (f, pool):
         assert pool.prefetch(1, np.array([7, 8, 9])) == 2  # at most half the pool
         _use(pool, 1, 7)
         assert (pool.stats.prefetched, pool.stats.prefetch_used, pool.stats.hits) == (2, 1, 1)
         for e in (0, 1, 2, 3):  # evict 8 unused
             _use(pool, 0, e)
         assert pool.stats.wasted == 1
-    finally:
-        pool.close()
-        f.close()
 
 
 def test_a_failed_read_raises_in_the_call_and_frees_the_slot(demo_path: Path, monkeypatch) -> None:
-    f, pool = _direct_pool(demo_path, 2)
-    try:
+    with _pooled(demo_path, 2) as (f, pool):
         real = f.read_into
         calls = {"n": 0}
 
@@ -208,9 +200,6 @@ def test_a_failed_read_raises_in_the_call_and_frees_the_slot(demo_path: Path, mo
         assert pool.resident() == []  # nothing half-read is kept
         _use(pool, 3, 1)  # read again
         assert pool.resident() == [(3, 1)]
-    finally:
-        pool.close()
-        f.close()
 
 
 def test_hash_layers_and_the_next_layer_are_read_ahead(demo_path: Path) -> None:
@@ -401,8 +390,7 @@ def test_ds4_bench_reports_the_pool_and_saves_a_profile(demo_path: Path, tmp_pat
 
 
 def test_guessed_reads_stop_while_guesses_are_wrong_and_are_tried_again(demo_path: Path) -> None:
-    f, pool = _direct_pool(demo_path, 8)
-    try:
+    with _pooled(demo_path, 8) as (f, pool):
         for wrong in ([10, 11], [12, 13]):  # two rounds of guesses the calls do not use
             assert pool.prefetch(5, np.array(wrong), guess=True) == 2
             _use(pool, 5, 0)
@@ -414,9 +402,6 @@ def test_guessed_reads_stop_while_guesses_are_wrong_and_are_tried_again(demo_pat
         _use(pool, 5, 3)  # the probe came true
         assert pool.prefetch(5, np.array([4]), guess=True) == 1  # guessing again
         assert pool.prefetch(4, np.array([4]), guess=True) == 1  # other layers never stopped
-    finally:
-        pool.close()
-        f.close()
 
 
 def test_inspect_says_what_would_stream_here(demo_path: Path, capsys) -> None:
@@ -451,17 +436,13 @@ def test_experts_wider_than_the_hidden_size_stream_to_the_same_bits(wide_path: P
         got = _run(wide_path, slots * _slot(wide_path), prompt=PROMPTS[1])
         assert got[3]["slots"] == slots
         assert np.array_equal(got[0].view(np.uint32), want[0].view(np.uint32)) and got[1:3] == want[1:3]
-    f, pool = _direct_pool(wide_path, 4)
-    try:
+    with _pooled(wide_path, 4) as (f, pool):
         with pool.holding(1, np.array([2, 5])) as rows:
             assert (rows.F, rows.gu_row_bytes) == (512, f.tensors["blk.1.ffn_gate_exps.weight"].row_bytes)
             assert rows.d_row_bytes == f.tensors["blk.1.ffn_down_exps.weight"].row_bytes
             for table in (rows.gate, rows.up, rows.down):  # every matrix of a slot on a cache line
                 assert table[2] % 64 == 0 and table[5] % 64 == 0
             assert rows.up[2] - rows.gate[2] >= f.tensors["blk.1.ffn_gate_exps.weight"].nbytes // 16
-    finally:
-        pool.close()
-        f.close()
 
 
 def test_slot_size_is_the_largest_expert_of_any_layer_in_whole_pages() -> None:
@@ -510,8 +491,7 @@ def test_counters_and_their_rates(demo_path: Path) -> None:
     assert empty.as_dict() == {"hits": 0, "misses": 0, "prefetched": 0, "guesses_skipped": 0, "prefetch_used": 0,
                                "wasted": 0, "bytes_read": 0, "stall_s": 0.0, "read_s": 0.0, "calls": 0,
                                "hit_rate": 0.0}
-    f, pool = _direct_pool(demo_path, 2)
-    try:
+    with _pooled(demo_path, 2) as (f, pool):
         _use(pool, 2, 0)
         _use(pool, 2, 1)
         waited = pool.stats.stall_s
@@ -523,9 +503,6 @@ def test_counters_and_their_rates(demo_path: Path) -> None:
         assert (d["hits"], d["misses"], d["calls"], d["bytes_read"]) == (1, 2, 3, 2 * per_expert)
         assert d["hit_rate"] == 0.3333 and d["stall_s"] >= 0 and d["read_s"] > 0
         assert pool.uses[2, 0] == 2 and pool.uses[2, 1] == 1 and pool.uses.sum() == 3
-    finally:
-        pool.close()
-        f.close()
 
 
 def test_expert_rows_over_the_file_are_checked_and_frozen() -> None:
@@ -581,21 +558,16 @@ def test_dense_weights_are_locked_as_they_are_read(wide_path: Path) -> None:
 def test_a_layer_stops_guessing_when_a_quarter_of_its_guesses_come_true(demo_path: Path) -> None:
     """The share of guessed reads used is a moving average (0.7 old, 0.3 new) starting at 1:
     one of four used each time brings it to 0.775, 0.618, 0.507, then 0.430, under one half."""
-    f, pool = _direct_pool(demo_path, 8)
-    try:
+    with _pooled(demo_path, 8) as (f, pool):
         for r in range(4):
             guess = np.arange(4 * r, 4 * r + 4)
             assert pool.prefetch(5, guess, guess=True) == 4, r
             _use(pool, 5, int(guess[0]))
         assert pool.prefetch(5, np.array([0, 1]), guess=True) == 0
-    finally:
-        pool.close()
-        f.close()
 
 
 def test_preload_reads_the_most_used_into_empty_slots(demo_path: Path) -> None:
-    f, pool = _direct_pool(demo_path, 4)
-    try:
+    with _pooled(demo_path, 4) as (f, pool):
         uses = np.zeros((6, 16), dtype=np.int64)
         for (layer, e), n in {(1, 3): 5, (2, 7): 9, (0, 1): 2, (4, 4): 1, (5, 5): 1}.items():
             uses[layer, e] = n
@@ -607,24 +579,16 @@ def test_preload_reads_the_most_used_into_empty_slots(demo_path: Path) -> None:
         _use(pool, 2, 7)
         assert (pool.stats.hits, pool.stats.prefetch_used) == (1, 1)  # read ahead, then used
         assert pool.preload(uses) == 0  # no empty slot left
-    finally:
-        pool.close()
-        f.close()
-    f, pool = _direct_pool(demo_path, 4)
-    try:
+    with _pooled(demo_path, 4) as (f, pool):
         _use(pool, 2, 7)
         only = np.zeros((6, 16), dtype=np.int64)
         only[2, 7], only[3, 2] = 4, 1
         assert pool.preload(only) == 1  # (2, 7) is there already; unused experts are not read
         assert pool.resident() == [(2, 7), (3, 2)]
-    finally:
-        pool.close()
-        f.close()
 
 
 def test_prefetch_skips_what_is_there_and_probes_with_new_guesses(demo_path: Path) -> None:
-    f, pool = _direct_pool(demo_path, 8)
-    try:
+    with _pooled(demo_path, 8) as (f, pool):
         _use(pool, 3, 1)
         assert pool.prefetch(3, np.array([1, 2])) == 1  # 1 is there; 2 is read (known experts by default)
         for wrong in ([10, 11], [12, 13]):
@@ -632,9 +596,6 @@ def test_prefetch_skips_what_is_there_and_probes_with_new_guesses(demo_path: Pat
             _use(pool, 3, 0)
         started = [pool.prefetch(3, np.array([e]), guess=True) for e in (14, 15, 9, 8, 7, 6, 5, 4)]
         assert sum(started) == 1  # one probe in eight guesses, each of an expert not read yet
-    finally:
-        pool.close()
-        f.close()
 
 
 def _mapped(address: int) -> bool:
@@ -668,8 +629,7 @@ def test_close_waits_for_the_readers_and_frees_the_slots(demo_path: Path) -> Non
 def test_a_call_waits_while_every_slot_is_held_or_being_read(demo_path: Path, monkeypatch) -> None:
     import time
 
-    f, pool = _direct_pool(demo_path, 2)
-    try:
+    with _pooled(demo_path, 2) as (f, pool):
         real = f.read_into
 
         def slow(offset, out):
@@ -681,6 +641,3 @@ def test_a_call_waits_while_every_slot_is_held_or_being_read(demo_path: Path, mo
         with pool.holding(4, np.array([1, 2])) as rows:  # needs both slots: waits for that read, then evicts it
             assert rows.gate[1] and rows.gate[2]
         assert pool.resident() == [(4, 1), (4, 2)] and pool.stats.wasted == 1
-    finally:
-        pool.close()
-        f.close()
