@@ -288,7 +288,8 @@ class Slot:
                 log.exception("request failed")
                 job.emit(JobEvent("error", f"generation failed: {e}", data={"status": 500}))
             finally:
-                self._live_text = self.tok.decode_bytes(self.session.tokens)
+                if not self.finishing:  # (a job that answered said it already, in _finish)
+                    self._live_text = self.tok.decode_bytes(self.session.tokens)
 
     # -- cache -----------------------------------------------------------------------------
     def _offsets(self, ids: list[int]) -> dict[int, int]:
@@ -314,7 +315,7 @@ class Slot:
         s = self.session
         offsets = self._offsets(job.ids)
         live_tokens = s.tokens
-        live_text = self.tok.decode_bytes(live_tokens)
+        live_text = self._live_text  # the session's text since the last job ended (only this slot changes it)
         best: tuple[int, str, Any, list[int]] | None = None
         ids = self._fit(live_tokens, live_text, job, offsets)
         if ids is not None:
