@@ -41,7 +41,12 @@ def _open_engine(path, args: argparse.Namespace, ctx: int, flag: str = "--ctx"):
                              memory_budget=getattr(args, "memory_budget", None),
                              expert_profile=getattr(args, "expert_profile", None))
     try:
-        engine.set_speculation(getattr(args, "speculate", None) or settings.speculate_choice())
+        if getattr(args, "dspark", None):
+            raise EngineError("--dspark: this build does not run DSpark draft models (docs/speculation.md says what "
+                              "is missing); --speculate mtp with --mtp FILE, or ngram, instead")
+        mtp = getattr(args, "mtp", None) or settings.mtp_choice()
+        engine.set_speculation(getattr(args, "speculate", None) or settings.speculate_choice(mtp=mtp is not None),
+                               mtp=mtp)
     except (EngineError, settings.SettingsError) as e:
         engine.close()
         raise UsageError(str(e)) from None
@@ -120,8 +125,15 @@ def _add_engine(group: argparse._ActionsContainer) -> None:
                             "profile (written by ds4 bench --save-profile)")
     group.add_argument("--speculate", choices=SPECULATE, default=None,
                        help="propose tokens and verify several per pass, with the same output: ngram = from the "
-                            "conversation's own repeats (default $DS4_SPECULATE, 'speculate' in config.toml, else "
-                            "ngram; docs/speculation.md)")
+                            "conversation's own repeats, mtp = DeepSeek's MTP block (default $DS4_SPECULATE, "
+                            "'speculate' in config.toml, else mtp when an MTP file is named, else ngram; "
+                            "docs/speculation.md)")
+    group.add_argument("--mtp", metavar="FILE", default=None,
+                       help="DeepSeek's MTP block (DeepSeek-V4-Flash-MTP-*.gguf) to draft with: --speculate mtp "
+                            "(default $DS4_MTP, else 'mtp' in config.toml)")
+    group.add_argument("--dspark", metavar="FILE", default=None,
+                       help="a DSpark draft model for the 0731 checkpoint (not run by this build; "
+                            "docs/speculation.md)")
     group.add_argument("--devices", metavar="LIST", default=None,
                        help="--backend npu: devices to split the layers over, e.g. 0,1 (default 0; cpu runs it on "
                             "host torch)")

@@ -107,14 +107,24 @@ def memory_budget_choice() -> int | str:
 SPECULATE = ("off", "ngram", "mtp", "dspark")
 
 
-def speculate_choice() -> str:
-    """$DS4_SPECULATE, else 'speculate' in config.toml, else "ngram" (docs/speculation.md)."""
+def speculate_choice(mtp: bool = False) -> str:
+    """$DS4_SPECULATE, else 'speculate' in config.toml, else "mtp" when an MTP file is named
+    (``mtp``), else "ngram" (docs/speculation.md)."""
     value = os.environ.get("DS4_SPECULATE")
     if not value:
-        value = read_settings(config_path(), CONFIG_KEYS).get("speculate", "ngram")
+        value = read_settings(config_path(), CONFIG_KEYS).get("speculate", "mtp" if mtp else "ngram")
     if value not in SPECULATE:
         raise SettingsError(f"speculate must be one of {', '.join(SPECULATE)}, got {value!r}")
     return str(value)
+
+
+def mtp_choice() -> str | None:
+    """The MTP file that --speculate mtp drafts with when --mtp names none: $DS4_MTP, else
+    'mtp' in config.toml, else None."""
+    value = os.environ.get("DS4_MTP") or read_settings(config_path(), CONFIG_KEYS).get("mtp")
+    if value is not None and not isinstance(value, str):
+        raise SettingsError(f"{config_path()}: 'mtp' must be the path of an MTP file")
+    return str(Path(value).expanduser()) if value else None
 
 
 class ModelChoiceError(ValueError):
@@ -123,9 +133,9 @@ class ModelChoiceError(ValueError):
 
 # The keys config.toml may hold. Anything else is most likely a typo, which would otherwise be
 # ignored without a word (a mistyped "model" silently runs the demo model).
-# mcp_servers and git_commit are the agent's (tools/mcp.py, tools/undo.py); memory_budget and
-# speculate the engine's (engine/expertpool.py, engine/drafts.py).
-CONFIG_KEYS = ("model", "mcp_servers", "git_commit", "memory_budget", "speculate")
+# mcp_servers and git_commit are the agent's (tools/mcp.py, tools/undo.py); memory_budget,
+# speculate and mtp the engine's (engine/expertpool.py, engine/drafts.py).
+CONFIG_KEYS = ("model", "mcp_servers", "git_commit", "memory_budget", "speculate", "mtp")
 # A workspace's own settings file, at its root: the agent's settings that belong to a project.
 WORKSPACE_CONFIG = ".ds4agent.toml"
 WORKSPACE_KEYS = ("mcp_servers", "git_commit")

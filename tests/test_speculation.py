@@ -141,7 +141,7 @@ def test_ngram_drafter_proposes_what_followed_and_backs_off() -> None:
     assert [d.propose(history, 10, 3, 10) for _ in range(3)][-1] == [4, 5]  # tries again after the pause
     assert d.propose(history, 10, 3, 1) == [4]  # no more than asked for
     assert drafter("off") is None and isinstance(drafter("ngram"), NgramDrafter)
-    with pytest.raises(ValueError, match="draft model"):
+    with pytest.raises(ValueError, match="needs the MTP file"):
         drafter("mtp")
     with pytest.raises(ValueError, match="unknown --speculate"):
         drafter("fast")
@@ -152,7 +152,7 @@ def test_the_flag_and_its_setting(demo_path, monkeypatch, capsys) -> None:
 
     monkeypatch.delenv("DS4_SPECULATE", raising=False)
     assert main(["-m", str(demo_path), "-p", "hi", "-n", "2", "--temp", "0", "--speculate", "mtp"]) == 2
-    assert "needs its draft model" in capsys.readouterr().err
+    assert "needs the MTP file" in capsys.readouterr().err
     monkeypatch.setenv("DS4_SPECULATE", "fast")
     assert main(["-m", str(demo_path), "-p", "hi", "-n", "2", "--temp", "0"]) == 2
     assert "speculate must be one of off, ngram, mtp, dspark" in capsys.readouterr().err

@@ -10,17 +10,29 @@ tool output quoted back). It adapts: the proposal grows while proposals are kept
 shrinks when they are not, and after several proposals in a row of which nothing was kept it
 pauses, each pause twice the last until something is kept again, so on text that does not
 repeat it costs almost nothing.
+
+``MtpDrafter`` asks DeepSeek's MTP block (engine/mtp.py) for the next tokens, from the target's
+last-layer streams that the session hands it after every step (``seen``); it adapts the same
+way. Either drafter's proposals are verified, so neither can change the output.
 """
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, Sequence
+
+import numpy as np
 
 from ..settings import SPECULATE  # --speculate
+
+if TYPE_CHECKING:
+    from .mtp import MtpBlock
 
 
 class Drafter(Protocol):
     name: str
+    # Whether the session hands the drafter the target's last-layer streams after each step
+    # (``seen``), and runs ``propose`` where its passes run (the drafter runs a model).
+    needs_hidden: bool
 
     def propose(self, history: Sequence[int], n: int, token: int, most: int) -> list[int]:
         """Up to ``most`` tokens that may follow ``history[:n]`` (the session's tokens, a list
@@ -31,8 +43,65 @@ class Drafter(Protocol):
         """How many of the last proposal the model kept."""
         ...
 
+    def seen(self, start: int, hidden: Any) -> None:
+        """The target's last-layer streams (T, hc, E) at positions start .. start+T-1, just
+        committed (only called when ``needs_hidden``)."""
+        ...
 
-class NgramDrafter:
+
+class _Adaptive:
+    """How many tokens to propose: more while proposals are kept whole, fewer when they are
+    not; after ``pause_after`` proposals in a row of which nothing was kept, a pause of
+    ``pause`` steps, each pause twice the last until something is kept again."""
+
+    needs_hidden = False
+
+    def __init__(self, start: int, least: int, most: int, pause_after: int, pause: int, longest_pause: int) -> None:
+        self.k, self.least, self.most = start, least, most
+        self.pause_after, self.pause, self.longest_pause = pause_after, pause, longest_pause
+        self._pause = pause  # the next pause: doubled each time one follows no kept token
+        self._misses = 0  # proposals in a row of which nothing was kept
+        self._rest = 0  # steps left in a pause
+        self.proposed = self.kept = self.proposals = 0
+
+    def _resting(self) -> bool:
+        """Whether this step is in a pause (and counts it)."""
+        if self._rest > 0:
+            self._rest -= 1
+            return True
+        return False
+
+    def _counted(self, out: list[int]) -> list[int]:
+        if out:
+            self.proposals += 1
+            self.proposed += len(out)
+        return out
+
+    def feedback(self, proposed: int, kept: int) -> None:
+        self.kept += kept
+        if kept:
+            self._pause = self.pause
+        if kept == proposed:
+            self.k = min(self.k + 1, self.most)
+            self._misses = 0
+        else:
+            self.k = max(self.least, min(self.k, kept + 1))
+            self._misses = self._misses + 1 if kept == 0 else 0
+            if self._misses >= self.pause_after:
+                # Text the drafter cannot predict: each pause twice the last, so that a rejected
+                # proposal (a pass of several tokens for one) costs a vanishing share of steps.
+                self._misses, self._rest = 0, self._pause
+                self._pause = min(2 * self._pause, self.longest_pause)
+
+    def seen(self, start: int, hidden: Any) -> None:
+        pass
+
+    def stats(self) -> dict[str, float]:
+        return {"proposals": self.proposals, "drafted": self.proposed, "accepted": self.kept,
+                "mean_accepted": round(self.kept / self.proposals, 2) if self.proposals else 0.0}
+
+
+class NgramDrafter(_Adaptive):
     """The most recent earlier occurrence of the last N tokens (N = ``order`` down to 2)
     proposes the tokens that followed it. The n-gram tables grow with the conversation, a few
     dictionary writes per token: a step costs the same at 100 tokens as at 100 000."""
@@ -41,16 +110,11 @@ class NgramDrafter:
 
     def __init__(self, order: int = 4, start: int = 4, most: int = 8, pause_after: int = 4, pause: int = 16,
                  longest_pause: int = 1024) -> None:
-        self.order, self.most, self.pause_after, self.pause = order, most, pause_after, pause
-        self.longest_pause = longest_pause
-        self._pause = pause  # the next pause: doubled each time one follows no kept token
-        self.k = start  # tokens proposed next time (adapted)
+        super().__init__(start, 2, most, pause_after, pause, longest_pause)
+        self.order = order
         self._history: Sequence[int] | None = None  # the list indexed, and how far
         self._n = 0
         self._where: list[dict[tuple[int, ...], int]] = [{} for _ in range(order + 1)]  # n-gram -> end of its last use
-        self._misses = 0  # proposals in a row of which nothing was kept
-        self._rest = 0  # steps left in a pause
-        self.proposed = self.kept = self.proposals = 0
 
     def _index(self, history: Sequence[int], n: int) -> None:
         """Extend the n-gram tables to ``history[:n]``; start again for another list, or when
@@ -65,8 +129,7 @@ class NgramDrafter:
         self._n = max(self._n, n)
 
     def propose(self, history: Sequence[int], n: int, token: int, most: int) -> list[int]:
-        if self._rest > 0:
-            self._rest -= 1
+        if self._resting():
             return []
         self._index(history, n)
         k = min(self.k, most)
@@ -83,39 +146,94 @@ class NgramDrafter:
                 if len(out) < k and at + len(out) == n:
                     out.append(int(token))
                 break
-        if out:
-            self.proposals += 1
-            self.proposed += len(out)
-        return out
-
-    def feedback(self, proposed: int, kept: int) -> None:
-        self.kept += kept
-        if kept:
-            self._pause = self.pause
-        if kept == proposed:
-            self.k = min(self.k + 1, self.most)
-            self._misses = 0
-        else:
-            self.k = max(2, min(self.k, kept + 1))
-            self._misses = self._misses + 1 if kept == 0 else 0
-            if self._misses >= self.pause_after:
-                # Text that does not repeat: each pause twice the last, so that a rejected
-                # proposal (a pass of several tokens for one) costs a vanishing share of steps.
-                self._misses, self._rest = 0, self._pause
-                self._pause = min(2 * self._pause, self.longest_pause)
-
-    def stats(self) -> dict[str, float]:
-        return {"proposals": self.proposals, "drafted": self.proposed, "accepted": self.kept,
-                "mean_accepted": round(self.kept / self.proposals, 2) if self.proposals else 0.0}
+        return self._counted(out)
 
 
-def drafter(kind: str) -> Drafter | None:
-    """The drafter --speculate names (None for off); ValueError for one that cannot run here."""
+class MtpDrafter(_Adaptive):
+    """Drafts from the MTP block (engine/mtp.py) of one session.
+
+    The block's KV holds the pairs (target streams at j-1, token j) of the session's recent
+    positions: each proposal first runs the pairs the session committed since the last one (in
+    one pass; the last is the just-sampled token's, whose logits give the first draft), then
+    chains drafts on a copy of that state (the block's own streams with its own proposal), so
+    drafts never enter the block's KV. Streams older than the block's window would be out of
+    its attention anyway and are not kept. When the session's tokens are not the ones the
+    block has seen (a rollback, a restored session, steps run in a batch with other sessions'),
+    the block starts again from the streams it has."""
+
+    name = "mtp"
+    needs_hidden = True
+
+    def __init__(self, block: "MtpBlock", start: int = 1, most: int = 4, pause_after: int = 4, pause: int = 8,
+                 longest_pause: int = 256) -> None:
+        super().__init__(start, 1, most, pause_after, pause, longest_pause)
+        self.block = block
+        self._state = block.empty_state()
+        self._last: tuple[int, int] | None = None  # (position, token) of the last pair run
+        self._streams: list = []  # committed streams not yet paired, of positions _first ..
+        self._first = 0
+        self.restarts = 0
+
+    def _restart(self) -> None:
+        self._state = self.block.empty_state()
+        self._last = None
+        self.restarts += 1
+
+    def seen(self, start: int, hidden: Any) -> None:
+        held = sum(len(h) for h in self._streams)
+        if start != self._first + held:  # not the continuation of what the block holds
+            if self._last is not None:
+                self._restart()
+            self._streams, self._first = [], start
+        self._streams.append(hidden)
+        # Pairs older than the window cannot be attended from the next position: drop them
+        # (and the block's KV, all of it older still).
+        held += len(hidden)
+        keep = self.block.window + 1
+        if held > keep:
+            whole = self.block.model.xp.concatenate(self._streams, axis=0) if len(self._streams) > 1 else hidden
+            self._streams, self._first = [whole[held - keep :]], self._first + held - keep
+            if self._last is not None:
+                self._restart()
+
+    def propose(self, history: Sequence[int], n: int, token: int, most: int) -> list[int]:
+        if self._resting():
+            return []
+        k = min(self.k, most)
+        if k <= 0 or not self._streams:
+            return []
+        held = sum(len(h) for h in self._streams)
+        if self._first + held != n:  # the streams do not reach the token before ``token``
+            return []
+        if self._last is not None and history[self._last[0]] != self._last[1]:
+            self._restart()  # the token paired last is not the session's any more
+        # Pairs: the streams of positions _first .. n-1 with the tokens of _first+1 .. n.
+        ids = [int(t) for t in history[self._first + 1 : n]] + [int(token)]
+        streams = self.block.model.xp.concatenate(self._streams, axis=0) if len(self._streams) > 1 \
+            else self._streams[0]
+        logits, X = self.block.run(np.asarray(ids), streams, self._state)
+        self._last, self._streams, self._first = (n, int(token)), [], n
+        out = [int(np.argmax(logits))]
+        state = self._state.fork() if k > 1 else None
+        while len(out) < k:
+            logits, X = self.block.run(np.asarray(out[-1:]), X[-1:], state)
+            out.append(int(np.argmax(logits)))
+        return self._counted(out)
+
+
+def drafter(kind: str, mtp: "MtpBlock | None" = None) -> Drafter | None:
+    """The drafter --speculate names (None for off), ``mtp`` the MTP block that "mtp" drafts
+    with; ValueError for one that cannot run here."""
     if kind == "off":
         return None
     if kind == "ngram":
         return NgramDrafter()
-    if kind in ("mtp", "dspark"):
-        raise ValueError(f"--speculate {kind} needs its draft model, which this build does not run yet "
-                         "(docs/speculation.md); --speculate ngram needs none")
+    if kind == "mtp":
+        if mtp is None:
+            raise ValueError("--speculate mtp needs the MTP file: --mtp FILE (or 'mtp' in config.toml); "
+                             "--speculate ngram needs none")
+        return MtpDrafter(mtp)
+    if kind == "dspark":
+        raise ValueError("--speculate dspark needs a DSpark draft model, which this build does not run "
+                         "(docs/speculation.md); --speculate mtp or ngram instead")
     raise ValueError(f"unknown --speculate {kind!r} (choose from {', '.join(SPECULATE)})")

@@ -340,6 +340,8 @@ class Engine:
     def __init__(self, parts: Parts) -> None:
         self._parts = parts
         self._speculate = "off"  # set_speculation
+        self._mtp = None  # the MTP block "mtp" drafts with (engine/mtp.py)
+        self._opened: list = []  # every MTP block opened, closed with the engine
         self.tokenizer = parts.tokenizer
         self.info = parts.info
         self.ctx = parts.info.ctx
@@ -420,27 +422,45 @@ class Engine:
             sum(t.nbytes for n, t in self.file.tensors.items() if "_exps." not in n) + pool.allocated)
         return max(1, min(most, (available - model) // max(kv, 1))), kv
 
-    def set_speculation(self, kind: str) -> None:
+    def set_speculation(self, kind: str, mtp: str | os.PathLike[str] | None = None) -> None:
         """Where the sessions made from now on take proposed tokens from (engine/drafts.py:
-        "off", "ngram"; "mtp" and "dspark" need draft models this build does not run):
-        EngineError, one line, for one that cannot run."""
+        "off", "ngram", "mtp" with ``mtp`` the MTP file, opened here and checked against the
+        model; "dspark" needs a draft model this build does not run): EngineError, one line,
+        for one that cannot run."""
         from . import drafts
 
+        block = None
+        if kind == "mtp" and mtp is not None:
+            from .mtp import MtpBlock
+
+            if not os.path.isfile(mtp):
+                raise EngineError(f"MTP file {mtp}: no such file")
+            try:
+                block = MtpBlock.open(self._parts.model, str(mtp))  # type: ignore[arg-type]
+            except ValueError as e:
+                raise EngineError(str(e)) from None
         try:
-            drafts.drafter(kind)
+            drafts.drafter(kind, block)
         except ValueError as e:
+            if block is not None:
+                block.close()
             raise EngineError(str(e)) from None
-        self._speculate = kind
+        if block is not None:
+            self._opened.append(block)  # sessions made before keep theirs: all close with the engine
+        self._speculate, self._mtp = kind, block
 
     def session(self, ctx: int | None = None) -> Session:
         """A new, empty session; ``ctx`` defaults to the context the engine was opened with."""
         from . import drafts
 
         s = self._parts.session_class(self._parts.model, self.tokenizer, self.info, self.ctx if ctx is None else ctx)
-        s.drafter = drafts.drafter(self._speculate)
+        s.drafter = drafts.drafter(self._speculate, self._mtp)
         return s
 
     def close(self) -> None:
+        for block in self._opened:
+            block.close()
+        self._opened, self._mtp = [], None
         if self._parts.on_close is not None:
             self._parts.on_close()
         self._parts.file.close()

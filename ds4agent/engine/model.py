@@ -151,15 +151,24 @@ def _index_scores(dots: mx.array, wi: mx.array, scale: float) -> mx.array:
 
 class Model:
     def __init__(self, weights: Weights, options: Options = Options(), kernels: Kernels | None = None,
-                 part: Part | None = None) -> None:
+                 part: Part | None = None, output: Kernels | None = None) -> None:
+        """``output``: the kernels that multiply by ``output.weight`` (default ``kernels``): an
+        MTP block (engine/mtp.py) shares the target's output matrix, and its kernels, so that
+        the matrix is not held twice."""
         self.w = weights
         self.part = part
         self.cfg = weights.cfg
         self.opt = options
         self.rope = Rope(self.cfg)
         self.k = kernels or ReferenceKernels(weights)
+        self._output = output
         self.xp = getattr(self.k, "xp", mx)  # the array namespace the kernels take and return
         self._params: dict[str, np.ndarray] = {}
+
+    @property
+    def output(self) -> Kernels:
+        """The kernels of the output matrix (``output`` at construction, else the model's)."""
+        return self._output or self.k
 
     def param(self, name: str):
         """A small dense tensor (norm weights, biases, hyper-connection scales, sinks) in the
@@ -184,21 +193,22 @@ class Model:
         return state
 
     # The forward pass ------------------------------------------------------------------------
-    def forward(self, ids: np.ndarray, state: ModelState, all_logits: bool = False, alone: bool = False) -> mx.array:
+    def forward(self, ids: np.ndarray, state: ModelState, all_logits: bool = False, alone: bool = False,
+                hidden: bool = False):
         """Run tokens ``ids`` (positions state.n_tokens ...) and return logits for the last
         token (V,) or for every token (T, V); ``state`` advances in place. ``alone``: every
         position computed to the bits of a step of that token alone (the products as in a
         batch, docs/batching.md; attention, compressors and indexer give those bits anyway):
-        the verification of proposed tokens (docs/speculation.md)."""
+        the verification of proposed tokens (docs/speculation.md). ``hidden``: return (logits,
+        the last layer's streams (T, hc, E)), what an MTP block drafts from (engine/mtp.py)."""
         ids = np.asarray(ids, dtype=np.int64)
         p0 = state.n_tokens
         rows = [Rows(state, p0, 0, len(ids))]
         alone = alone and len(ids) > 1
         X = self._pass(self.embed(ids), ids, np.arange(p0, p0 + len(ids)), rows, range(self.cfg.n_layer), alone)
         self.advance(state, len(ids))
-        if all_logits:
-            return self._head(X, alone)
-        return self._head(X[-1:])[0]
+        logits = self._head(X, alone) if all_logits else self._head(X[-1:])[0]
+        return (logits, X) if hidden else logits
 
     def forward_batch(self, ids: np.ndarray, states: list[ModelState]) -> mx.array:
         """One token of each of several sessions (``ids[b]`` at position states[b].n_tokens) in
@@ -507,5 +517,5 @@ class Model:
         e = xp.sum(wts[:, :, None] * X, axis=1)
         h = rms_norm(e, w("output_norm.weight"), cfg.rms_eps)
         if self.part is None:
-            return self.k.linear(h, "output.weight", **one)
-        return self.part.gather(self.k.linear(h, "output.weight", self.part.vocab))  # each row as computed alone
+            return self.output.linear(h, "output.weight", **one)
+        return self.part.gather(self.output.linear(h, "output.weight", self.part.vocab))  # each row as computed alone

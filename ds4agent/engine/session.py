@@ -166,7 +166,17 @@ class Session:
         """Evaluate ``ids`` after the live tokens, on this thread, and commit (one chunk; no
         context check: sync and eval make it)."""
         state = self._live.state.fork()
-        self._commit(ids, state, self._model.forward(np.asarray(ids, dtype=np.int64), state))
+        p0 = self._live.n
+        if self._wants_hidden():
+            logits, X = self._model.forward(np.asarray(ids, dtype=np.int64), state, hidden=True)
+            self._commit(ids, state, logits)
+            self.drafter.seen(p0, X)
+        else:
+            self._commit(ids, state, self._model.forward(np.asarray(ids, dtype=np.int64), state))
+
+    def _wants_hidden(self) -> bool:
+        """Whether the drafter drafts from the target's last-layer streams (an MTP block)."""
+        return getattr(self.drafter, "needs_hidden", False) and batches(self._model)
 
     @staticmethod
     def advance_together(sessions: Sequence["Session"], tokens: Sequence[int]) -> None:
@@ -297,7 +307,7 @@ class Session:
             room = min(max_tokens - 2 - index, self.ctx - 3 - self._live.n)
             live = self._live
             narrow = self.batcher is None or self.batcher.alone(self)
-            drafts = drafter.propose(live.tokens, live.n, token, room) if drafter and room > 0 and narrow else []
+            drafts = self._propose(drafter, live, token, room) if drafter and room > 0 and narrow else []
             if eos in drafts:
                 drafts = drafts[: drafts.index(eos)]
             if not drafts:
@@ -313,6 +323,13 @@ class Session:
                 index += 1
             t = time.perf_counter() - (spent if pending is not None else 0.0)
 
+    def _propose(self, drafter: "Drafter", live: _Live, token: int, room: int) -> list[int]:
+        """The drafter's proposal after ``token``; one that runs a model (an MTP block) runs
+        where this session's passes run."""
+        if getattr(drafter, "needs_hidden", False):
+            return self._on_engine(lambda: drafter.propose(live.tokens, live.n, token, room))
+        return drafter.propose(live.tokens, live.n, token, room)
+
     def speculate(self, token: int, drafts: Sequence[int], sampler: Sampler) -> tuple[list[int], int | None]:
         """Evaluate ``token`` and the ``drafts`` proposed after it in one pass, and keep the
         drafts the model agrees with (Sampler.check, position by position): returns (the drafts
@@ -325,17 +342,22 @@ class Session:
         if self._live.n + len(ids) >= self.ctx:
             raise ContextFullError(f"context of {self.ctx} tokens is full")
         live = self._live
+        hidden = self._wants_hidden()
 
-        def verify() -> tuple[ModelState, np.ndarray]:
+        def verify() -> tuple[ModelState, np.ndarray, Any]:
             state = live.state.fork()
-            out = self._model.forward(np.asarray(ids, dtype=np.int64), state, all_logits=True, alone=True)
-            return state, np.asarray(out, dtype=np.float32)
+            out = self._model.forward(np.asarray(ids, dtype=np.int64), state, all_logits=True, alone=True,
+                                      hidden=hidden)
+            out, X = out if hidden else (out, None)
+            return state, np.asarray(out, dtype=np.float32), X
 
-        def again(done: list[int]) -> tuple[ModelState, np.ndarray]:
+        def again(done: list[int]) -> tuple[ModelState, np.ndarray, Any]:
             state = live.state.fork()
-            return state, np.asarray(self._model.forward(np.asarray(done, dtype=np.int64), state, alone=True))
+            out = self._model.forward(np.asarray(done, dtype=np.int64), state, alone=True, hidden=hidden)
+            out, X = out if hidden else (out, None)
+            return state, np.asarray(out), X
 
-        state, logits = self._on_engine(verify)
+        state, logits, X = self._on_engine(verify)
         kept: list[int] = []
         instead = None
         for i, d in enumerate(ids[1:]):
@@ -347,8 +369,10 @@ class Session:
             self._commit(ids, state, logits[-1])
         else:  # again from the state before, without the rejected drafts: the same bits as logits[len(kept)]
             done = ids[: len(kept) + 1]
-            state, last = self._on_engine(lambda: again(done))
+            state, last, X = self._on_engine(lambda: again(done))
             self._commit(done, state, last)
+        if hidden:  # (where the passes run: the drafter may join MLX arrays)
+            self._on_engine(lambda: self.drafter.seen(live.n, X))
         return kept, instead
 
     def _on_engine(self, fn: Callable[[], Any]) -> Any:

@@ -165,7 +165,7 @@ def _tensor_data(c: ModelConfig, name: str, dims: tuple[int, ...], qtype: int, s
     rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
     shape = tuple(reversed(dims))
     fan_in = dims[0]
-    short = name.split(".", 2)[2] if name.startswith("blk.") else name
+    short = name.split(".", 2)[2] if name.startswith(("blk.", "mtp.")) else name
     base = short.rsplit(".", 1)[0]  # "blk.3.indexer.proj.weight" -> "indexer.proj"
     if qtype == Q.I32:  # hash routing table: distinct experts per token
         keys = rng.random((shape[0], c.n_expert))
@@ -177,7 +177,7 @@ def _tensor_data(c: ModelConfig, name: str, dims: tuple[int, ...], qtype: int, s
     if qtype == Q.F32:
         if base.endswith("norm"):
             return (1.0 + 0.1 * _normal(rng, shape)).astype("<f4")
-        if base in ("hc_attn_scale", "hc_ffn_scale", "output_hc_scale"):
+        if base in ("hc_attn_scale", "hc_ffn_scale", "output_hc_scale", "hc_head_scale"):
             return (0.5 + 0.5 * rng.random(shape, dtype=np.float32)).astype("<f4")
         bias = 0.2 * _normal(rng, shape)  # HC bases, sinks, router bias
         if base == "exp_probs_b" and skew > 0:
@@ -329,6 +329,39 @@ def shape_config(n_layer: int, n_expert: int = 256) -> ModelConfig:
                    swiglu_clamp=(10.0,) * n_layer, n_hash_layer=min(FLASH.n_hash_layer, n_layer),
                    n_expert=n_expert, n_expert_used=min(FLASH.n_expert_used, n_expert),
                    context_length=1048576, name=f"DeepSeek V4 Flash shape ({n_layer} layers, random weights)")
+
+
+def write_mtp(path: str | os.PathLike[str], c: ModelConfig, seed: int = 0) -> Path:
+    """An MTP support file (modelfile/mtpfile.py) for a target of config ``c`` in the published
+    file's layout: routed experts Q4_K, projections and the shared expert Q8_0, the
+    hyper-connection and router matrices F32 (the published file's "F32"; the target's are
+    F16), random weights. Its drafts are as good as chance: it exists so that every path of MTP
+    drafting runs (the drafts are verified, so the output is the target's whatever they are)."""
+    from .mtpfile import mtp_tensors
+
+    def tensors() -> Iterator[tuple[str, int, tuple[int, ...], object]]:
+        for name, spec in mtp_tensors(c).items():
+            if "_exps." in name:
+                qtype = Q.Q4_K
+            elif Q.F32 in spec.types:
+                qtype = Q.F32
+            else:
+                (qtype,) = spec.types
+            data = partial(_tensor_data, c, name, spec.dims, qtype, seed + 1)
+            if qtype == Q.F32 and (name.endswith("_fn.weight") or name.endswith("ffn_gate_inp.weight")):
+                data = partial(_f32_matrix, c, name, spec.dims, seed + 1)
+            yield name, int(qtype), spec.dims, data
+
+    meta = {"general.architecture": (V.STRING, "deepseek4-mtp"),
+            "general.name": (V.STRING, f"{c.name} MTP block (random weights)"),
+            "general.description": (V.STRING, f"ds4agent demo MTP block, seed {seed}, generator v{GENERATOR_VERSION}")}
+    write_gguf(path, meta, tensors())
+    return Path(path)
+
+
+def _f32_matrix(c: ModelConfig, name: str, dims: tuple[int, ...], seed: int) -> np.ndarray:
+    """A float32 matrix drawn as the F16 one of the same name would be."""
+    return _tensor_data(c, name, dims, Q.F16, seed).astype("<f4")
 
 
 def write_demo(path: str | os.PathLike[str], preset: str = "tiny", seed: int = 0) -> Path:

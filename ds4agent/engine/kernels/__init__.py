@@ -69,6 +69,16 @@ def _build(which: str, weights: Weights) -> Kernels:
     return GpuKernels(weights, which)
 
 
+def like(kernels: Kernels, weights: Weights) -> Kernels:
+    """The implementation ``kernels`` is, built over other weights (an MTP block beside its
+    target, engine/mtp.py). Not checked again: the target's kernels passed the check at open."""
+    if kernels.name == "reference":
+        from .reference import ReferenceKernels
+
+        return ReferenceKernels(weights)
+    return _build(kernels.name, weights)
+
+
 def select(backend: str, weights: Weights, requested: str | None = None) -> tuple[Kernels, str | None]:
     """Kernels for ``backend`` (cpu/metal/cuda). ``requested`` (default: $DS4_KERNELS or auto)
     names an implementation; auto takes the fast one for the backend (on Metal, of ours and
