@@ -297,9 +297,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="generate a tiny random-weight DeepSeek V4 GGUF in the real layout")
     demo.add_argument("--out", metavar="PATH", help="where to write it (default: the cached demo model)")
-    demo.add_argument("--preset", choices=("tiny", "q4", "shape"), default="tiny",
+    demo.add_argument("--preset", choices=("tiny", "q4", "shape", "mtp"), default="tiny",
                       help="tiny: IQ2_XXS/Q2_K experts like the q2 release; q4: Q4_K experts; shape: the real "
-                           "Flash dimensions with --layers layers (GBs: for benchmarks)")
+                           "Flash dimensions with --layers layers (GBs: for benchmarks); mtp: an MTP block file "
+                           "(for --mtp) fitting the model -m names, else the demo model")
+    _add_model(demo)
     demo.add_argument("--layers", type=int, default=2, metavar="N", help="shape preset: layers (default 2)")
     demo.add_argument("--experts", type=int, default=256, metavar="E",
                       help="shape preset: routed experts (default 256)")
@@ -344,6 +346,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from .ui.reports import inspect_lines
 
     path = resolve_model(args.model).path if args.model is None else Path(args.model)
+    mtp = _mtp_summary(path)
+    if mtp is not None:
+        _stdout().line("\n".join(mtp))
+        return 0
     r = describe(path)
     lines = inspect_lines(r, args.tensors)
     if r.usable:
@@ -362,11 +368,27 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0 if r.usable else 1
 
 
+def _mtp_summary(path: Path) -> list[str] | None:
+    """``ds4 inspect``'s lines for an MTP support file, None for anything else (a model)."""
+    from .modelfile import GGUFError, GGUFFile
+    from .modelfile.mtpfile import mtp_summary
+
+    try:
+        with GGUFFile(path) as f:
+            return mtp_summary(f)
+    except (GGUFError, OSError):
+        return None  # describe() says what is wrong with it
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from .modelfile import default_demo_path, shape_config, write_demo, write_model
 
     if args.preset == "shape" and not args.out:
         raise UsageError("the shape preset needs --out PATH (it is several GB)")
+    if args.model is not None and args.preset != "mtp":
+        raise UsageError("-m is an option of the mtp preset (the model its block is for)")
+    if args.model is not None and not args.out:
+        raise UsageError("an MTP file for the model -m names needs --out PATH")
     out = Path(args.out) if args.out else default_demo_path(args.preset, args.seed)
     if out.exists() and out.is_dir():
         raise UsageError(f"{out}: is a directory; give a file path to --out")
@@ -384,6 +406,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
             raise UsageError(str(e)) from None
     elif args.skew:
         raise UsageError("--skew is an option of the shape preset")
+    elif args.preset == "mtp":
+        _write_mtp(out, args)
     else:
         write_demo(out, args.preset, args.seed)
     from .ui.reports import fmt_gib
@@ -391,6 +415,21 @@ def cmd_demo(args: argparse.Namespace) -> int:
     _stdout().line(f"wrote {out} ({fmt_gib(out.stat().st_size)}, preset {args.preset}, seed {args.seed}) "
                    f"in {time.perf_counter() - t0:.1f} s")
     return 0
+
+
+def _write_mtp(out: Path, args: argparse.Namespace) -> None:
+    """The mtp preset: an MTP file with random weights for the model -m names (its shapes)."""
+    from .modelfile import GGUFError, GGUFFile, resolve_model
+    from .modelfile.config import ConfigError, config_from_gguf
+    from .modelfile.demo import write_mtp
+
+    target = resolve_model(args.model).path if args.model is None else Path(args.model)
+    try:
+        with GGUFFile(target) as f:
+            cfg = config_from_gguf(f)
+    except (GGUFError, ConfigError, OSError) as e:
+        raise UsageError(f"{target}: {e}") from None
+    write_mtp(out, cfg, args.seed)
 
 
 def _read_prompt(args: argparse.Namespace) -> str | None:

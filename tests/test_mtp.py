@@ -215,7 +215,7 @@ def test_sampling_with_mtp_drafts_runs_to_its_end(engine) -> None:
     assert s.drafter.proposals > 0
 
 
-def test_the_flags(demo_path, mtp_path, monkeypatch, capsys) -> None:
+def test_the_flags(demo_path, mtp_path, monkeypatch, capsys, tmp_path) -> None:
     from ds4agent.cli import main
 
     monkeypatch.delenv("DS4_SPECULATE", raising=False)
@@ -230,3 +230,12 @@ def test_the_flags(demo_path, mtp_path, monkeypatch, capsys) -> None:
     assert "does not run DSpark" in capsys.readouterr().err
     monkeypatch.setenv("DS4_MTP", str(mtp_path))
     assert main(base + ["--speculate", "mtp"]) == 0
+    # ds4 demo writes one for a model: the demo's here, the same bytes as the fixture's.
+    out = tmp_path / "made.gguf"
+    assert main(["demo", "--preset", "mtp", "-m", str(demo_path), "--out", str(out)]) == 0
+    assert out.read_bytes() == mtp_path.read_bytes()
+    assert main(["demo", "--preset", "mtp", "-m", str(demo_path)]) == 2
+    assert "needs --out PATH" in capsys.readouterr().err
+    assert main(["inspect", str(out)]) == 0
+    said = capsys.readouterr().out
+    assert "an MTP support file" in said and "32 tensors" in said and "routed experts: 16" in said

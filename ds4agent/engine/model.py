@@ -60,12 +60,14 @@ class Part:
 
 @dataclass(frozen=True)
 class Rows:
-    """One session's rows lo .. hi of a forward pass, its state and its first position."""
+    """One session's rows lo .. hi of a forward pass, its state and its first position;
+    ``trail``: where the pass leaves what ``Model.cut`` needs (None: nothing kept)."""
 
     state: ModelState
     p0: int
     lo: int
     hi: int
+    trail: list | None = None
 
 
 # -- compressor ---------------------------------------------------------------------------------
@@ -194,16 +196,18 @@ class Model:
 
     # The forward pass ------------------------------------------------------------------------
     def forward(self, ids: np.ndarray, state: ModelState, all_logits: bool = False, alone: bool = False,
-                hidden: bool = False):
+                hidden: bool = False, trail: list | None = None):
         """Run tokens ``ids`` (positions state.n_tokens ...) and return logits for the last
         token (V,) or for every token (T, V); ``state`` advances in place. ``alone``: every
         position computed to the bits of a step of that token alone (the products as in a
         batch, docs/batching.md; attention, compressors and indexer give those bits anyway):
         the verification of proposed tokens (docs/speculation.md). ``hidden``: return (logits,
-        the last layer's streams (T, hc, E)), what an MTP block drafts from (engine/mtp.py)."""
+        the last layer's streams (T, hc, E)), what an MTP block drafts from (engine/mtp.py).
+        ``trail``: a list the pass fills with each layer's new KV and compressor rows, from
+        which ``cut`` makes the state after only the first tokens."""
         ids = np.asarray(ids, dtype=np.int64)
         p0 = state.n_tokens
-        rows = [Rows(state, p0, 0, len(ids))]
+        rows = [Rows(state, p0, 0, len(ids), trail)]
         alone = alone and len(ids) > 1
         X = self._pass(self.embed(ids), ids, np.arange(p0, p0 + len(ids)), rows, range(self.cfg.n_layer), alone)
         self.advance(state, len(ids))
@@ -253,6 +257,19 @@ class Model:
             X = self._layer(i, X, ids, pos, tables, rows, alone)
             xp.eval(X)  # one layer's graph at a time keeps peak memory to a layer's temporaries
         return X
+
+    def cut(self, before: ModelState, trail: list, m: int) -> ModelState:
+        """The state after only the first ``m`` tokens of a pass that started from ``before``
+        and left ``trail``: each layer's window and compressor rows advanced by those tokens'
+        rows alone, as a pass of those tokens would advance them (the rows of a position do
+        not depend on the positions after it), without running the layers again. What a
+        rejected proposal leaves behind (docs/speculation.md)."""
+        state = before.fork()
+        state.use(self.xp)
+        for i, pa, kv, pos, p0 in trail:
+            self._visible(i, {k: v[:m] for k, v in pa.items()}, None, kv[:m], pos[:m], None, state.layers[i], p0)
+        self.advance(state, m)
+        return state
 
     def advance(self, state: ModelState, T: int) -> None:
         state.n_tokens += T
@@ -313,7 +330,10 @@ class Model:
             whole = len(rows) == 1  # (one session: its arrays as they are, no slices)
             mine = pa if whole else {k: v[r.lo : r.hi] for k, v in pa.items()}
             qi = (pq[1] if whole else pq[1][r.lo : r.hi]) if idx else None
-            views.append(self._visible(i, mine, qi, kv if whole else kv[r.lo : r.hi], pos[r.lo : r.hi],
+            kv_r = kv if whole else kv[r.lo : r.hi]
+            if r.trail is not None:  # what the window and the compressors take in (Model.cut)
+                r.trail.append((i, {k: v for k, v in mine.items() if "compressor" in k}, kv_r, pos[r.lo : r.hi], r.p0))
+            views.append(self._visible(i, mine, qi, kv_r, pos[r.lo : r.hi],
                                        (tables[True][0][r.lo : r.hi], tables[True][1][r.lo : r.hi]) if ratio == 4
                                        else None, r.state.layers[i], r.p0))
         if h1 == h0:  # an expert-split process with no heads (more processes than groups)

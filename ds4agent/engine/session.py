@@ -336,28 +336,24 @@ class Session:
         kept, the token sampled in place of the first rejected one, or None when all were
         kept). The session ends exactly as if ``token`` and the kept drafts had been evaluated
         one by one: the pass computes each position to the bits of a step alone
-        (Model.forward's ``alone``), and when a draft was rejected the kept ones are evaluated
-        again from the state before, so the rejected ones leave no trace."""
+        (Model.forward's ``alone``), and when a draft was rejected the state is cut back to
+        the kept ones from the rows the pass left (Model.cut), so the rejected ones leave no
+        trace."""
         ids = [int(token), *(int(d) for d in drafts)]
         if self._live.n + len(ids) >= self.ctx:
             raise ContextFullError(f"context of {self.ctx} tokens is full")
         live = self._live
         hidden = self._wants_hidden()
 
-        def verify() -> tuple[ModelState, np.ndarray, Any]:
+        def verify() -> tuple[ModelState, np.ndarray, Any, list]:
             state = live.state.fork()
+            trail: list = []
             out = self._model.forward(np.asarray(ids, dtype=np.int64), state, all_logits=True, alone=True,
-                                      hidden=hidden)
+                                      hidden=hidden, trail=trail)
             out, X = out if hidden else (out, None)
-            return state, np.asarray(out, dtype=np.float32), X
+            return state, np.asarray(out, dtype=np.float32), X, trail
 
-        def again(done: list[int]) -> tuple[ModelState, np.ndarray, Any]:
-            state = live.state.fork()
-            out = self._model.forward(np.asarray(done, dtype=np.int64), state, alone=True, hidden=hidden)
-            out, X = out if hidden else (out, None)
-            return state, np.asarray(out), X
-
-        state, logits, X = self._on_engine(verify)
+        state, logits, X, trail = self._on_engine(verify)
         kept: list[int] = []
         instead = None
         for i, d in enumerate(ids[1:]):
@@ -365,14 +361,14 @@ class Session:
             if instead is not None:
                 break
             kept.append(d)
-        if instead is None:
-            self._commit(ids, state, logits[-1])
-        else:  # again from the state before, without the rejected drafts: the same bits as logits[len(kept)]
-            done = ids[: len(kept) + 1]
-            state, last, X = self._on_engine(lambda: again(done))
-            self._commit(done, state, last)
+        done = ids[: len(kept) + 1]
+        if instead is not None:
+            # The state after the kept tokens only, from the pass's own rows (Model.cut): the
+            # bits of the kept tokens evaluated alone; their logits are the pass's.
+            state = self._on_engine(lambda: self._model.cut(live.state, trail, len(done)))
+        self._commit(done, state, logits[len(done) - 1])
         if hidden:  # (where the passes run: the drafter may join MLX arrays)
-            self._on_engine(lambda: self.drafter.seen(live.n, X))
+            self._on_engine(lambda: self.drafter.seen(live.n, X[: len(done)]))
         return kept, instead
 
     def _on_engine(self, fn: Callable[[], Any]) -> Any:

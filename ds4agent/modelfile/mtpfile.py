@@ -101,6 +101,29 @@ def open_mtp(path: str | os.PathLike[str], c: ModelConfig) -> GGUFFile:
     return f
 
 
+def mtp_summary(f: GGUFFile) -> list[str] | None:
+    """What ``ds4 inspect`` says of an MTP file (None: ``f`` is not one): its block's tensors,
+    their types and size, and how it is used. Which model it fits is checked when it is used
+    (it has no shapes of its own to compare)."""
+    if "token_embd.weight" in f.tensors or not any(n.startswith(PREFIX) for n in f.tensors):
+        return None
+    mine = [t for n, t in f.tensors.items() if n.startswith(PREFIX)]
+    mix: dict[str, int] = {}
+    for t in mine:
+        mix[t.type_name] = mix.get(t.type_name, 0) + t.nbytes
+    experts = f.tensors.get(PREFIX + "ffn_gate_exps.weight")
+
+    def size(n: int) -> str:
+        return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+    return [f"{f.path}: an MTP support file (DeepSeek's multi-token-prediction block), {len(mine)} tensors, "
+            f"{size(sum(mix.values()))}",
+            "  types: " + ", ".join(f"{k} {size(v)}" for k, v in sorted(mix.items(), key=lambda kv: -kv[1])),
+            f"  routed experts: {experts.shape[0] if experts is not None else '?'}, hidden size "
+            f"{experts.shape[-1] if experts is not None else '?'}",
+            "  use: ds4 chat -m MODEL --mtp FILE (drafts verified by the model: docs/speculation.md)"]
+
+
 class MtpView:
     """The MTP file and the target's file seen as one model file of one layer: ``blk.0.*`` and
     the head's collapse and norm are the block's tensors, the embedding and the output matrix
