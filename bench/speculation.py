@@ -1,12 +1,24 @@
 """What verifying proposed tokens costs and gains (docs/speculation.md). Not a timed test.
 
-    .venv/bin/python bench/speculation.py -m MODEL [--prompt 256] [--gen 48] [--repeat 3]
+    .venv/bin/python bench/speculation.py -m MODEL [--mtp FILE] [--prompt 256] [--gen 48] [--repeat 3]
 
 1. The cost of one verification pass of k = 1..6 proposed tokens (k + 1 positions, each to the
    bits of a step alone) against one plain decode step, medians of alternating runs; from it,
    on paper, the speedup at per-token acceptance rates 0.3 .. 0.9 (a pass yields the kept
-   drafts plus one token; a rejection costs a second pass over the kept ones).
-2. End to end, greedy decode t/s side by side: plain; with proposals that are the true
+   drafts plus one token; a rejection costs nothing more: the state is cut back from the
+   pass's own rows).
+   With --mtp FILE: the cost of the MTP block's drafts (the first: the pairs the last pass
+   committed, 1 or 2, and the head; each chained one: one pair and the head), and on paper
+   the speedup of k = 1..3 MTP drafts at first-draft acceptance 0.5 .. 0.8, each further draft
+   kept with the same probability (an assumption: published figures give the first only).
+2. On paper, for the published q2 file on a machine where decode is bound by memory bandwidth
+   (a GPU, a Mac; not this CPU, where a pass of several positions is bound by arithmetic):
+   the bytes a pass of n positions reads (every tensor but the routed experts once, plus each
+   layer's distinct experts: E(1 - (1 - k/E)^n) under uniform routing, which overlaps less
+   than real routing does, so it overstates the cost), the bytes of an MTP draft (the block's
+   tensors, its k experts, the output matrix again), and from them the speedup of MTP drafts
+   and of proposals kept at a per-token rate.
+3. End to end, greedy decode t/s side by side: plain; with proposals that are the true
    continuation (a scripted drafter replaying a plain run: what a continuation that repeats
    the context gives, and a random-weight model never repeats on its own); the same with every
    third proposal wrong at its second token; and the n-gram drafter on this model's own output,
@@ -71,6 +83,109 @@ def pass_costs(e: Engine, prompt: list[int], repeat: int) -> dict[int, float]:
     return {k: statistics.median(v) for k, v in times.items()}
 
 
+def _speedup(a: float, k: int, cost: float) -> tuple[float, float]:
+    """(tokens per step-equivalent, tokens per pass) of passes of ``k`` drafts costing ``cost``
+    steps each, a draft kept with probability ``a`` while the ones before it were: j drafts are
+    kept with probability a^j (1 - a) (j < k) or a^k, and a pass yields j + 1 tokens."""
+    tokens = sum((a**j * (1 - a) if j < k else a**k) * (j + 1) for j in range(k + 1))
+    return tokens / cost, tokens
+
+
+def mtp_costs(e: Engine, mtp: str, prompt: list[int], repeat: int) -> tuple[float, float, float]:
+    """Seconds of the MTP block's first draft after a pass that committed 1 and 2 tokens (its
+    pairs and the head), and of a chained draft (one pair and the head); medians."""
+    from ds4agent.engine.mtp import MtpBlock
+
+    block = MtpBlock.open(e.model, mtp)
+    try:
+        cfg = block.cfg
+        rng = np.random.default_rng(2)
+        ids = rng.integers(1000, 100000, len(prompt))
+        streams = rng.standard_normal((len(prompt), cfg.hc_count, cfg.n_embd), dtype=np.float32)
+        base = block.empty_state()
+        block.run(ids[:-3], streams[:-3], base, logits=False)  # a window of earlier pairs
+        times: dict[int, list[float]] = {1: [], 2: []}
+        for _ in range(repeat):
+            for n in (1, 2):
+                state = base.fork()
+                t = time.perf_counter()
+                block.run(ids[-n:], streams[-n:], state)
+                times[n].append(time.perf_counter() - t)
+        first1, first2 = statistics.median(times[1]), statistics.median(times[2])
+        return first1, first2, first1  # a chained draft is one pair and the head, like a first of one
+    finally:
+        block.close()
+
+
+def mtp_on_paper(costs: dict[int, float], first1: float, first2: float, chained: float) -> None:
+    step = costs[0]
+    print("mtp_first_acceptance,drafts,tokens_per_pass,pass_vs_step,speedup")
+    for a in (0.5, 0.6, 0.7, 0.8):
+        for k in (1, 2, 3):
+            # the first draft runs the pairs of what the last pass committed (1 + the drafts
+            # kept), each pair past the first costing first2 - first1
+            _, tokens = _speedup(a, k, 1.0)
+            first = first1 + (first2 - first1) * (tokens - 1)
+            cost = (costs[k] + first + (k - 1) * chained) / step
+            speed, tokens = _speedup(a, k, cost)
+            print(f"{a},{k},{tokens:.2f},{cost:.3f},{speed:.2f}")
+
+
+def bandwidth_on_paper() -> None:
+    """Section 2 of the module's docstring."""
+    from gguf.constants import GGMLQuantizationType as Q
+
+    from ds4agent.modelfile.config import FLASH, expected_tensors
+    from ds4agent.modelfile.gguf import tensor_nbytes
+    from ds4agent.modelfile.mtpfile import mtp_tensors
+
+    def q2(name: str, types) -> int:
+        if name.endswith(("ffn_gate_exps.weight", "ffn_up_exps.weight")):
+            return Q.IQ2_XXS
+        if name.endswith("ffn_down_exps.weight"):
+            return Q.Q2_K
+        return Q.F32 if Q.F32 in types else min(types)
+
+    def mtp_type(name: str, types) -> int:
+        return Q.Q4_K if "_exps." in name else (Q.F32 if Q.F32 in types else min(types))
+
+    c = FLASH
+    dense = expert = 0
+    for name, spec in expected_tensors(c).items():
+        size = tensor_nbytes(q2(name, spec.types), spec.dims)
+        if "_exps." in name:
+            expert += size // c.n_expert  # one expert of one layer, summed over layers
+        elif name != "token_embd.weight" and "tid2eid" not in name:
+            dense += size
+    head = tensor_nbytes(Q.Q8_0, (c.n_embd, c.n_vocab))
+    block = sum(tensor_nbytes(mtp_type(n, sp.types), sp.dims) // (c.n_expert if "_exps." in n else 1)
+                * (c.n_expert_used if "_exps." in n else 1) for n, sp in mtp_tensors(c).items())
+    draft = block + head
+
+    def pass_bytes(n: int) -> float:
+        return dense + expert * c.n_expert * (1 - (1 - c.n_expert_used / c.n_expert) ** n)
+
+    step = pass_bytes(1)
+    gib = 2**30
+    print(f"q2 on paper: a step reads {step / gib:.2f} GiB (dense {dense / gib:.2f}, experts "
+          f"{(step - dense) / gib:.2f}); an MTP draft {draft / gib:.3f} GiB ({draft / step:.3f} step)")
+    print("positions,bytes_vs_step")
+    print(",".join(f"{n}:{pass_bytes(n) / step:.3f}" for n in range(1, 8)))
+    print("mtp_first_acceptance,drafts,tokens_per_pass,pass_vs_step,speedup")
+    for a in (0.5, 0.6, 0.7, 0.8):
+        for k in (1, 2, 3):
+            cost = (pass_bytes(k + 1) + k * draft) / step
+            speed, tokens = _speedup(a, k, cost)
+            print(f"{a},{k},{tokens:.2f},{cost:.3f},{speed:.2f}")
+    print("acceptance,best_k,tokens_per_pass,speedup (proposals that cost nothing to make: n-gram)")
+    for a in (0.5, 0.6, 0.7, 0.8, 0.9):
+        best = max((_speedup(a, k, pass_bytes(k + 1) / step) + (k,) for k in range(1, 7)), key=lambda r: r[0])
+        print(f"{a},{best[2]},{best[1]:.2f},{best[0]:.2f}")
+    # DSpark: a mean accepted length of 2.7 at 5 drafts (the drafts kept per pass), its own
+    # draft cost unknown here: the verification side alone.
+    print(f"dspark (2.7 kept of 5, verification only): {(1 + 2.7) / (pass_bytes(6) / step):.2f}x")
+
+
 def on_paper(costs: dict[int, float]) -> None:
     step = costs[0]
     print("acceptance,best_k,tokens_per_pass,speedup")
@@ -79,12 +194,7 @@ def on_paper(costs: dict[int, float]) -> None:
         for k in range(1, 7):
             # j drafts kept with probability a^j (1 - a) (j < k) or a^k; a pass yields j + 1
             # tokens; a rejection (j < k) adds a pass over the j + 1 kept positions.
-            exp_tokens = exp_cost = 0.0
-            for j in range(k + 1):
-                pj = a**j * (1 - a) if j < k else a**k
-                exp_tokens += pj * (j + 1)
-                exp_cost += pj * (costs[k] + (costs[j] if j < k else 0.0))
-            speed = exp_tokens / (exp_cost / step)
+            speed, exp_tokens = _speedup(a, k, costs[k] / step)
             if speed > best[0]:
                 best = (speed, k, exp_tokens)
         print(f"{a},{best[1]},{best[2]:.2f},{best[0]:.2f}")
@@ -106,7 +216,9 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=256)
     ap.add_argument("--gen", type=int, default=48)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--mtp", metavar="FILE", help="an MTP file for the model: its draft cost, and it drafting")
     a = ap.parse_args()
+    bandwidth_on_paper()
     with Engine.open(a.model, backend=a.backend, ctx=a.prompt + a.gen + 64) as e:
         prompt = np.random.default_rng(0).integers(1000, 100000, a.prompt).tolist()
         print(f"model {Path(a.model).name}, {e.info.kernels} kernels, prompt {a.prompt}, {a.gen} greedy tokens")
@@ -115,12 +227,20 @@ def main() -> None:
         for k, c in costs.items():
             print(f"{k + 1},{c:.4f},{c / costs[0]:.2f}")
         on_paper(costs)
+        drafters = [("plain", lambda: None), ("replay k=4", lambda: Replay(truth, len(prompt), 4)),
+                    ("replay k=4, 1 in 3 wrong", lambda: Replay(truth, len(prompt), 4, 3)),
+                    ("ngram (never repeats)", NgramDrafter)]
+        if a.mtp:
+            first1, first2, chained = mtp_costs(e, a.mtp, prompt, a.repeat)
+            print(f"mtp draft seconds: first after 1 committed {first1:.4f} ({first1 / costs[0]:.3f} step), after 2 "
+                  f"{first2:.4f}, chained {chained:.4f}")
+            mtp_on_paper(costs, first1, first2, chained)
+            e.set_speculation("mtp", mtp=a.mtp)
+            drafters.append(("mtp (random weights: its overhead)", lambda: e.session().drafter))
         _, truth, blob, _ = decode(e, prompt, a.gen, None)
         runs: dict[str, list[float]] = {}
         for _ in range(a.repeat):
-            for name, make in (("plain", lambda: None), ("replay k=4", lambda: Replay(truth, len(prompt), 4)),
-                               ("replay k=4, 1 in 3 wrong", lambda: Replay(truth, len(prompt), 4, 3)),
-                               ("ngram (never repeats)", NgramDrafter)):
+            for name, make in drafters:
                 tps, toks, snap, _ = decode(e, prompt, a.gen, make())
                 assert toks == truth and snap == blob, name
                 runs.setdefault(name, []).append(tps)

@@ -239,3 +239,32 @@ def test_the_flags(demo_path, mtp_path, monkeypatch, capsys, tmp_path) -> None:
     assert main(["inspect", str(out)]) == 0
     said = capsys.readouterr().out
     assert "an MTP support file" in said and "32 tensors" in said and "routed experts: 16" in said
+
+
+@pytest.mark.parametrize("parallel", [1, 2])
+def test_the_server_answers_the_same_with_mtp_drafts(engine, mtp_path, parallel: int) -> None:
+    """A real server on loopback (one slot, and two slots behind the batcher): greedy answers
+    equal to the server without drafts, the slot's drafter proposed."""
+    import openai
+
+    from ds4agent.server import ServerOptions
+    from ds4agent.server.requests import Defaults
+    from ds4agent.server.run import ServerThread
+
+    msgs = [{"role": "user", "content": "Write a short poem about the sea, please."}]
+
+    def answer() -> tuple[str, list]:
+        with ServerThread(engine, ServerOptions(Defaults(max_tokens=40), parallel=parallel)) as st:
+            c = openai.OpenAI(base_url=st.url + "/v1", api_key="k", max_retries=0, timeout=120)
+            r = c.chat.completions.create(model="m", messages=msgs, max_tokens=40, temperature=0)
+            stats = [s.session.drafter.stats() for s in st.worker.slots if s.session.drafter is not None]
+            return (r.choices[0].message.reasoning_content or "") + r.choices[0].message.content, stats
+
+    engine.set_speculation("off")
+    try:
+        plain, none = answer()
+    finally:
+        engine.set_speculation("mtp", mtp=mtp_path)
+    drafted, stats = answer()
+    assert none == [] and drafted == plain
+    assert sum(s["proposals"] for s in stats) > 0
