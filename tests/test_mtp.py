@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from ds4agent.engine import Engine, EngineError, SamplingParams
-from ds4agent.engine.drafts import MtpDrafter, drafter
+from ds4agent.engine.drafts import MtpDrafter, Pace, drafter
 from ds4agent.engine.mtp import MtpBlock
 from ds4agent.modelfile import demo
 from ds4agent.modelfile.gguf import GGUFFile
@@ -157,7 +157,7 @@ def test_drafts_are_those_of_a_block_started_afresh(engine) -> None:
     truth, blob = _plain(engine, prompt, n, chunk=16)
     s = engine.session()
     block = s.drafter.block
-    s.drafter = d = Checked(block, truth, len(prompt))
+    s.drafter, s.pace = (d := Checked(block, truth, len(prompt))), Pace(margin=float("inf"), warmup=0)
     s.prefill_chunk = 16
     s.sync(prompt)
     got = [st.token for st in s.generate(GREEDY, max_tokens=n, stop_at_eos=False)]

@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 
 from ds4agent.engine import Engine, SamplingParams
-from ds4agent.engine.drafts import NgramDrafter, drafter
+from ds4agent.engine.drafts import NgramDrafter, Pace, drafter
 from ds4agent.engine.sampler import Sampler
 
 GREEDY = SamplingParams(temperature=0)
+EAGER = dict(margin=float("inf"), warmup=0)  # a Pace that always asks (the tests count proposals)
 
 
 class Scripted:
@@ -61,7 +62,7 @@ def test_greedy_speculation_gives_plain_decoding(engine, length: int, k: int, wr
     want, blob = _plain(engine, prompt, n)
     s = engine.session()
     s.sync(prompt)
-    s.drafter = d = Scripted(want, len(prompt), k, wrong)
+    s.drafter, s.pace = (d := Scripted(want, len(prompt), k, wrong)), Pace(**EAGER)
     got = [st.token for st in s.generate(GREEDY, max_tokens=n, stop_at_eos=False)]
     assert got == want
     assert s.snapshot() == blob  # rejected proposals leave no trace, the last token is not evaluated
@@ -181,7 +182,7 @@ def test_a_batcher_session_speculates_while_alone(engine) -> None:
             s = engine.session()
             s.batcher = b
             s.sync(p)
-            s.drafter = Scripted(truth, len(p), 4, 1)
+            s.drafter, s.pace = Scripted(truth, len(p), 4, 1), Pace(**EAGER)
             sessions.append(s)
         alone = [st.token for st in sessions[0].generate(GREEDY, max_tokens=24, stop_at_eos=False)]
         assert alone == plain[0][0] and sessions[0].snapshot() == plain[0][1]
@@ -204,3 +205,25 @@ def test_a_batcher_session_speculates_while_alone(engine) -> None:
         assert b.stats.widest == 2
     finally:
         b.close()
+
+
+def test_proposals_pause_while_passes_are_slower_than_steps() -> None:
+    """Pace: no proposal before three plain steps are timed; passes slower per token than
+    steps pause proposals, each pause twice the last; passes that pay keep them going."""
+    p = Pace(hold=4, longest=8)
+    assert not p.allow()
+    for _ in range(3):
+        p.step(0.1)
+    assert p.allow()
+    for _ in range(4):
+        p.verified(0.3, 2)  # 0.15 s per token against 0.1
+    assert p.pauses == 1 and [p.allow() for _ in range(5)] == [False] * 4 + [True]
+    for _ in range(4):
+        p.verified(0.3, 2)
+    assert p.pauses == 2 and [p.allow() for _ in range(9)] == [False] * 8 + [True]  # twice as long
+    for _ in range(4):
+        p.verified(0.12, 2)  # 0.06 s per token: proposals pay
+    assert p.pauses == 2 and p.allow()
+    for _ in range(4):
+        p.verified(0.6, 2)  # slower again: a pause of the first length (the last ones paid)
+    assert p.pauses == 3 and [p.allow() for _ in range(5)] == [False] * 4 + [True]

@@ -221,6 +221,61 @@ class MtpDrafter(_Adaptive):
         return self._counted(out)
 
 
+class Pace:
+    """Whether proposals pay on this machine, measured: seconds per token of plain steps and of
+    verification passes (the proposal's making included), as moving averages. A drafter can
+    only judge whether its proposals are kept; whether keeping them is faster depends on what a
+    pass of several positions costs here (little more than a step where decode is bound by
+    memory bandwidth; nearly a step per position on a CPU bound by arithmetic, where only long
+    kept proposals pay). When passes have been slower per token than steps, proposals pause
+    for ``hold`` steps, each pause twice the last (up to ``longest``) until passes pay again."""
+
+    def __init__(self, hold: int = 32, longest: int = 2048, margin: float = 1.02, weight: float = 0.25,
+                 warmup: int = 3) -> None:
+        """``margin``: how much slower per token passes may be before proposals pause (inf:
+        never); ``warmup``: plain steps timed before the first proposal."""
+        self.first_hold, self.longest, self.margin, self.weight = hold, longest, margin, weight
+        self.warmup = warmup
+        self._hold = hold  # the next pause
+        self._rest = 0  # steps left in this pause
+        self.plain_s: float | None = None  # seconds per token, plain steps
+        self.pass_s: float | None = None  # seconds per token, verification passes
+        self._passes = 0  # passes since the last judgement
+        self._timed = 0  # plain steps timed
+        self.pauses = 0
+
+    def _mix(self, avg: float | None, x: float) -> float:
+        return x if avg is None else avg + self.weight * (x - avg)
+
+    def step(self, seconds: float) -> None:
+        """A plain step took ``seconds``."""
+        self.plain_s = self._mix(self.plain_s, seconds)
+        self._timed += 1
+
+    def verified(self, seconds: float, tokens: int) -> None:
+        """A pass (its proposal's making included) took ``seconds`` and gave ``tokens``."""
+        self.pass_s = self._mix(self.pass_s, seconds / tokens)
+        self._passes += 1
+        if self._passes >= 4 and self.plain_s is not None:
+            self._passes = 0
+            if self.pass_s > self.margin * self.plain_s:
+                self._rest, self._hold = self._hold, min(2 * self._hold, self.longest)
+                self.pass_s = None
+                self.pauses += 1
+            else:
+                self._hold = self.first_hold
+
+    def allow(self) -> bool:
+        """Whether to ask for a proposal this step: not before a few plain steps were timed
+        (the comparison needs them), nor during a pause (which also times plain steps)."""
+        if self._timed < self.warmup:
+            return False
+        if self._rest > 0:
+            self._rest -= 1
+            return False
+        return True
+
+
 def drafter(kind: str, mtp: "MtpBlock | None" = None) -> Drafter | None:
     """The drafter --speculate names (None for off), ``mtp`` the MTP block that "mtp" drafts
     with; ValueError for one that cannot run here."""

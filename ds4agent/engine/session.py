@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import numpy as np
 
+from .drafts import Pace
 from .errors import ContextFullError
 from .sampler import Sampler, SamplingParams
 from .state import ModelState, payload_size, read_payload, write_payload
@@ -97,6 +98,7 @@ class Session:
         self.info = info
         self._ctx = ctx
         self.prefill_chunk = getattr(getattr(model, "k", None), "prefill_chunk", Session.prefill_chunk)
+        self.pace = Pace()  # whether verification passes pay here (engine/drafts.py)
         self.last_prefill = PrefillStats()
         self.reset()
 
@@ -274,7 +276,8 @@ class Session:
         ``drafter`` (a model of one process; under a batcher only while no other session
         generates) the tokens it proposes after each sampled one are verified in the same pass
         (``speculate``): the same tokens under greedy decoding, the same distribution under
-        sampling, and the same saved session, in fewer passes."""
+        sampling, and the same saved session, in fewer passes; proposals pause while passes
+        measure slower per token than plain steps (``pace``)."""
         with self.batcher.decoding(self) if self.batcher is not None else contextlib.nullcontext():
             yield from self._generate(params, max_tokens, stop_at_eos)
 
@@ -307,15 +310,20 @@ class Session:
             room = min(max_tokens - 2 - index, self.ctx - 3 - self._live.n)
             live = self._live
             narrow = self.batcher is None or self.batcher.alone(self)
-            drafts = self._propose(drafter, live, token, room) if drafter and room > 0 and narrow else []
+            timed = drafter is not None and narrow
+            asked = timed and room > 0 and self.pace.allow()
+            drafts = self._propose(drafter, live, token, room) if asked else []
             if eos in drafts:
                 drafts = drafts[: drafts.index(eos)]
             if not drafts:
                 self.eval(token)
+                if timed:
+                    self.pace.step(time.perf_counter() - t)
                 index += 1
                 continue
             kept, pending = self.speculate(token, drafts[:room], sampler)
             drafter.feedback(len(drafts[:room]), len(kept))
+            self.pace.verified(time.perf_counter() - t, len(kept) + 1)
             index += 1
             spent = (time.perf_counter() - t) / (len(kept) + 1)
             for d in kept:
