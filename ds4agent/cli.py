@@ -285,6 +285,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with experts streaming: write how often each expert was used, for --expert-profile")
     _add_engine(b)  # --kernels reference measures the MLX path
 
+    ck = sub.add_parser("check", help="the model on this machine against DeepSeek's official outputs (five prompts, "
+                                      "greedy, token by token)")
+    _add_model(ck)
+    ck.add_argument("--case", action="append", metavar="ID", help="run only this case (repeatable; see --list)")
+    ck.add_argument("--list", action="store_true", help="list the cases and exit (needs no model)")
+    _add_engine(ck)
+
     ins = sub.add_parser("inspect", help="describe a model file without loading its weights")
     ins.add_argument("model", nargs="?", metavar="MODEL", help="GGUF file (default: the model ds4 would run)")
     ins.add_argument("--tensors", action="store_true", help="also list every tensor")
@@ -645,6 +652,46 @@ def _slots(engine, asked: int | None) -> int:
     return n
 
 
+def cmd_check(args: argparse.Namespace) -> int:
+    """``ds4 check``: DeepSeek's official vectors against this model on this machine
+    (verify/official.py); exit 0 when every case chosen passes."""
+    from .modelfile import resolve_model
+    from .verify.official import Checker, VectorError, load_cases, report_line, speed_line
+
+    try:
+        cases = load_cases()
+    except VectorError as e:
+        raise UsageError(f"the official vectors shipped with ds4agent do not read: {e}") from None
+    if args.list:
+        out = _stdout()
+        for c in cases:
+            out.line(f"{c.id:24} {len(c.steps)} steps, prompt {len(c.prompt)} characters, captured at ctx {c.ctx}")
+        return 0
+    if args.case:
+        known = {c.id for c in cases}
+        unknown = [x for x in args.case if x not in known]
+        if unknown:
+            raise UsageError(f"no case {unknown[0]!r} (cases: {', '.join(sorted(known))})")
+        cases = [c for c in cases if c.id in args.case]
+    choice = resolve_model(args.model)
+    engine = _open_engine(choice.path, args, max(c.ctx for c in cases))
+    try:
+        if "ds4agent demo model" in str(engine.file.get("general.description", "")):
+            _say(f"{choice.path.name} is a model ds4agent generated (random weights): it cannot give DeepSeek's "
+                 "tokens, so every case fails below; run ds4 check -m FILE with the real model")
+        out, outcomes = _stdout(), []
+        checker = Checker(engine)
+        for o in checker.run_all(cases, lambda c: _say(f"{c.id}: prefilling {len(checker.prompt_ids(c))} tokens")):
+            outcomes.append(o)
+            out.line(report_line(o))
+        passed = sum(o.passed for o in outcomes)
+        out.line(speed_line(outcomes))
+        out.line(f"{passed} of {len(outcomes)} cases pass ({engine.info.kernels} kernels, {engine.info.backend})")
+        return 0 if passed == len(outcomes) else 1
+    finally:
+        engine.close()
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from .engine.reports import bench as benchmark
     from .modelfile import resolve_model
@@ -756,7 +803,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if follower() and args.command in ("chat", "agent", "bench", "serve"):
             return _follow(args)  # rank > 0 of a group: no terminal, socket or store here
         handler = {"chat": cmd_chat, "agent": cmd_agent, "bench": cmd_bench, "inspect": cmd_inspect,
-                   "demo": cmd_demo, "serve": cmd_serve}[args.command]
+                   "demo": cmd_demo, "serve": cmd_serve, "check": cmd_check}[args.command]
         return handler(args)
     except (UsageError, GGUFError, ConfigError, ModelChoiceError, EngineError, ContextFullError) as e:
         _say(f"error: {e}")

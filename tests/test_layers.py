@@ -15,7 +15,7 @@ PKG = Path(__file__).resolve().parents[1] / "ds4agent"
 # packages of one rank never import each other. The model file is below both the protocol and
 # the engine, which know nothing of each other; the tools import no other package of ours.
 RANK = {"settings": 0, "lazy": 0, "modelfile": 1, "tools": 1, "protocol": 2, "engine": 2, "sessions": 3,
-        "conversation": 4, "ui": 5, "server": 5, "cli": 6, "__main__": 7}
+        "conversation": 4, "ui": 5, "server": 5, "verify": 5, "cli": 6, "__main__": 7}
 
 
 def _modules() -> dict[str, Path]:
@@ -133,7 +133,7 @@ FRONT = ["ds4agent.cli", "ds4agent.ui.chat", "ds4agent.ui.agent_ui", "ds4agent.u
          "ds4agent.ui.terminal", "ds4agent.ui.keys", "ds4agent.ui.markdown", "ds4agent.conversation",
          "ds4agent.conversation.turns", "ds4agent.conversation.agent", "ds4agent.conversation.events",
          "ds4agent.settings", "ds4agent.tools", "ds4agent.protocol", "ds4agent.sessions",
-         "ds4agent.server.app", "ds4agent.server.run", "ds4agent.server.scripted"]
+         "ds4agent.server.app", "ds4agent.server.run", "ds4agent.server.scripted", "ds4agent.verify.official"]
 
 
 def test_front_ends_and_conversation_layer_import_without_mlx_or_numpy() -> None:
