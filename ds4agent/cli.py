@@ -285,6 +285,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with experts streaming: write how often each expert was used, for --expert-profile")
     _add_engine(b)  # --kernels reference measures the MLX path
 
+    pl = sub.add_parser("pull", help="download a published model file from the Hugging Face hub, resumable, "
+                                     "checked against the hub's SHA-256")
+    pl.add_argument("variant", nargs="?", default="q2", metavar="VARIANT", help="which file (default q2; see --list)")
+    pl.add_argument("--list", action="store_true", help="the variants with their sizes and needs (no network)")
+    pl.add_argument("--dir", metavar="DIR", help="put the file in DIR (default: the Hugging Face cache, HF_HOME)")
+    pl.add_argument("--revision", default="main", metavar="REV", help="branch, tag or commit on the hub (default main)")
+    pl.add_argument("--yes", action="store_true",
+                    help="afterwards set it in config.toml ('model', or 'mtp') without asking")
+
     ck = sub.add_parser("check", help="the model on this machine against DeepSeek's official outputs (five prompts, "
                                       "greedy, token by token)")
     _add_model(ck)
@@ -652,6 +661,60 @@ def _slots(engine, asked: int | None) -> int:
     return n
 
 
+def cmd_pull(args: argparse.Namespace) -> int:
+    """``ds4 pull``: a published file from the hub (modelfile/pull.py), then (asked first) set
+    as the default model, or as the MTP file."""
+    from .modelfile.pull import PullError, pull, table, variant
+    from .ui.reports import PullProgress, fmt_gib
+    from .ui.terminal import Out
+
+    out = _stdout()
+    if args.list:
+        out.line("\n".join(table()))
+        return 0
+    try:
+        v = variant(args.variant)
+        if v.kind == "dspark":
+            _say("note: this build does not run DSpark drafters (docs/speculation.md); downloading it anyway")
+        err = Out(sys.stderr, tty=sys.stderr.isatty())
+        with PullProgress(err, v.name) as progress:
+            got = pull(v, args.dir, args.revision, progress)
+    except PullError as e:
+        raise UsageError(f"ds4 pull {args.variant}: {e}") from None
+    if got.already:
+        out.line(f"{got.path}: already here and checked ({fmt_gib(got.size)})")
+    else:
+        resumed = f", resumed after {fmt_gib(got.resumed_from)}" if got.resumed_from else ""
+        out.line(f"{got.path}: {fmt_gib(got.size)}, SHA-256 equal to the hub's{resumed}")
+    key = {"model": "model", "mtp": "mtp"}.get(v.kind)
+    if key is None:
+        return 0
+    if _settings_value(key) == str(got.path):
+        return 0
+    if not args.yes:
+        if not sys.stdin.isatty():
+            out.line(f"to use it: ds4 -m {got.path}  (or ds4 pull {v.name} --yes sets '{key}' in config.toml)")
+            return 0
+        answer = input(f"Set it as '{key}' in {settings.config_path()}? [Y/n] ").strip().lower()
+        if answer not in ("", "y", "yes"):
+            return 0
+    try:
+        where = settings.set_config_path(key, str(got.path))
+    except settings.SettingsError as e:
+        raise UsageError(str(e)) from None
+    out.line(f"{where}: {key} = {got.path}")
+    return 0
+
+
+def _settings_value(key: str) -> str | None:
+    """config.toml's value of ``key`` as it stands (None when unset or unreadable)."""
+    try:
+        value = settings.read_settings(settings.config_path(), settings.CONFIG_KEYS).get(key)
+    except settings.SettingsError:
+        return None
+    return value if isinstance(value, str) else None
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     """``ds4 check``: DeepSeek's official vectors against this model on this machine
     (verify/official.py); exit 0 when every case chosen passes."""
@@ -803,7 +866,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if follower() and args.command in ("chat", "agent", "bench", "serve"):
             return _follow(args)  # rank > 0 of a group: no terminal, socket or store here
         handler = {"chat": cmd_chat, "agent": cmd_agent, "bench": cmd_bench, "inspect": cmd_inspect,
-                   "demo": cmd_demo, "serve": cmd_serve, "check": cmd_check}[args.command]
+                   "demo": cmd_demo, "serve": cmd_serve, "check": cmd_check, "pull": cmd_pull}[args.command]
         return handler(args)
     except (UsageError, GGUFError, ConfigError, ModelChoiceError, EngineError, ContextFullError) as e:
         _say(f"error: {e}")

@@ -205,3 +205,43 @@ def configured_model() -> str | None:
     if model is not None and not model.strip():
         raise ModelChoiceError(f"{cfg}: 'model' is empty; give a model path or remove the line")
     return model
+
+
+def set_config_path(key: str, value: str) -> Path:
+    """Set top-level string ``key`` of config.toml to ``value`` (a path), keeping every other
+    line as it was: a ``key = ...`` line before the first table is replaced, else the line is
+    added there (top-level keys must come before tables). Written whole to a temporary file
+    and renamed, and only when the result still reads as TOML with the value in place.
+    Returns the file. SettingsError for a file that does not read."""
+    import json
+    import re
+
+    if key not in CONFIG_KEYS:
+        raise ValueError(f"not a config key: {key}")
+    cfg = config_path()
+    text = cfg.read_text(encoding="utf-8") if cfg.exists() else ""
+    if text:
+        try:
+            tomllib.loads(text)
+        except tomllib.TOMLDecodeError as e:
+            raise SettingsError(f"{cfg}: cannot read configuration: {e}; not changed") from None
+    line = f"{key} = {json.dumps(value, ensure_ascii=False)}"  # (JSON's escapes of " \\ and controls are TOML's)
+    lines = text.splitlines()
+    first_table = next((i for i, s in enumerate(lines) if s.lstrip().startswith("[")), len(lines))
+    mine = [i for i in range(first_table) if re.match(rf"\s*{re.escape(key)}\s*=", lines[i])]
+    if mine:
+        lines[mine[0]] = line
+    else:
+        lines.insert(first_table, line)
+    new = "\n".join(lines) + "\n"
+    try:
+        same = tomllib.loads(new).get(key) == value
+    except tomllib.TOMLDecodeError:
+        same = False
+    if not same:
+        raise SettingsError(f"{cfg}: could not set {key} without changing more (a multi-line value?); set it by hand")
+    cfg.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cfg.with_name(cfg.name + ".tmp")
+    tmp.write_text(new, encoding="utf-8")
+    os.replace(tmp, cfg)
+    return cfg

@@ -79,3 +79,49 @@ class BenchProgress:
             self.out.write(f"\r{line}\x1b[K" + ("" if done < total else "\n"))
         else:
             self.out.line(line)
+
+
+class PullProgress:
+    """`ds4 pull`'s progress: rich's bars on a terminal (bytes, speed, time left; then the
+    hash check), elsewhere a line at every tenth. Called from the transfer's watcher thread."""
+
+    def __init__(self, out: Out, name: str) -> None:
+        self.out, self.name = out, name
+        self._bar = None
+        self._tasks: dict[str, object] = {}
+        self._said: dict[str, int] = {}
+
+    def __enter__(self) -> "PullProgress":
+        if self.out.tty:
+            from rich.console import Console
+            from rich.progress import (
+                BarColumn,
+                DownloadColumn,
+                Progress,
+                TextColumn,
+                TimeRemainingColumn,
+                TransferSpeedColumn,
+            )
+
+            self._bar = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(binary_units=True),
+                                 TransferSpeedColumn(), TimeRemainingColumn(),
+                                 console=Console(file=self.out.stream))
+            self._bar.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        words = {"download": "downloading", "verify": "checking SHA-256"}[stage]
+        if self._bar is not None:
+            task = self._tasks.get(stage)
+            if task is None:
+                task = self._tasks[stage] = self._bar.add_task(f"{self.name}: {words}", total=total)
+            self._bar.update(task, completed=done)
+            return
+        tenth = 10 * done // max(total, 1)
+        if self._said.get(stage, -1) < tenth:
+            self._said[stage] = tenth
+            self.out.line(f"{self.name}: {words} {fmt_gib(done)} of {fmt_gib(total)} ({10 * tenth}%)")
