@@ -313,8 +313,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="generate a tiny random-weight DeepSeek V4 GGUF in the real layout")
     demo.add_argument("--out", metavar="PATH", help="where to write it (default: the cached demo model)")
-    demo.add_argument("--preset", choices=("tiny", "q4", "shape", "mtp"), default="tiny",
-                      help="tiny: IQ2_XXS/Q2_K experts like the q2 release; q4: Q4_K experts; shape: the real "
+    demo.add_argument("--preset", choices=("tiny", "q4", "mxfp4", "shape", "mtp"), default="tiny",
+                      help="tiny: IQ2_XXS/Q2_K experts like the q2 release; q4: Q4_K experts; mxfp4: MXFP4 experts "
+                           "like the 0731 MXFP4 file; shape: the real "
                            "Flash dimensions with --layers layers (GBs: for benchmarks); mtp: an MTP block file "
                            "(for --mtp) fitting the model -m names, else the demo model")
     _add_model(demo)

@@ -25,7 +25,9 @@ def random_blocks(qtype: Q, rows: int, blocks: int, seed: int, finite: bool = Tr
     size = GGML_QUANT_SIZES[Q(qtype)][1]
     rng = np.random.default_rng(seed)
     raw = rng.integers(0, 256, size=(rows, blocks * size), dtype=np.uint8)
-    if finite:
+    if finite and Q(qtype) == Q.MXFP4:  # the scale is one exponent byte: powers of two near 1
+        raw.reshape(-1, size)[:, 0] = rng.integers(118, 139, size=raw.size // size)
+    elif finite:
         view = raw.reshape(-1, size)
         offs = SCALE_OFFSETS[Q(qtype)]
         scales = rng.normal(0, scale, size=view.shape[0] * len(offs) // 2 + 1).astype("<f2").view(np.uint8)

@@ -29,9 +29,10 @@ from ds4agent.engine.kernels.reference import ReferenceKernels, attend_mx
 from ds4agent.modelfile.gguf import GGUFFile
 
 QUANT = [Q.Q8_0, Q.Q2_K, Q.Q4_K, Q.IQ2_XXS]
+FLOAT_ONLY = [Q.MXFP4]  # no integer path: the products take float activations
 
 
-@pytest.mark.parametrize("qtype", QUANT)
+@pytest.mark.parametrize("qtype", QUANT + FLOAT_ONLY)
 @settings(max_examples=30, deadline=None)
 @given(rows=st.integers(1, 5), blocks=st.integers(1, 4), seed=st.integers(0, 2**32 - 1), finite=st.booleans())
 def test_dequant_bit_exact_random_blocks(qtype: Q, rows: int, blocks: int, seed: int, finite: bool) -> None:
@@ -56,7 +57,7 @@ def test_dequant_plain_types_and_every_half() -> None:
         cpu.dequant(np.zeros((1, 22), np.uint8), 6, 32)
 
 
-@pytest.mark.parametrize("qtype", QUANT + [Q.F16, Q.F32])
+@pytest.mark.parametrize("qtype", QUANT + FLOAT_ONLY + [Q.F16, Q.F32])
 @pytest.mark.parametrize("T", [1, 2, 5, 19])
 def test_matmul_matches_float64(qtype: Q, T: int) -> None:
     """Row counts that are not a multiple of the row block; one token and batches."""

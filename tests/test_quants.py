@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from ds4agent.engine.quants import dequantize
 
-TYPES = [Q.Q8_0, Q.Q2_K, Q.Q4_K, Q.IQ2_XXS]
+TYPES = [Q.Q8_0, Q.Q2_K, Q.Q4_K, Q.IQ2_XXS, Q.MXFP4]
 
 
 @pytest.mark.parametrize("qtype", TYPES)
@@ -49,6 +49,20 @@ def test_q4_k_demo(demo_q4_path) -> None:
     with GGUFFile(demo_q4_path) as f:
         rows = f.array("blk.4.ffn_down_exps.weight")[2]
         assert same_bits(np.array(dequantize(rows, Q.Q4_K)), oracle(np.ascontiguousarray(rows), Q.Q4_K))
+
+
+def test_mxfp4_demo(tmp_path) -> None:
+    """The MXFP4 experts of a generated model (ds4 demo --preset mxfp4), every exponent byte
+    the generator writes, as gguf reads them."""
+    from ds4agent.modelfile.demo import tiny_config, write_model
+    from ds4agent.modelfile.gguf import GGUFFile
+
+    path = write_model(tmp_path / "mx.gguf", tiny_config(4), "mxfp4")
+    with GGUFFile(path) as f:
+        for name in ("blk.3.ffn_gate_exps.weight", "blk.3.ffn_down_exps.weight"):
+            assert f.tensors[name].type_name == "MXFP4"
+            rows = np.ascontiguousarray(f.array(name)[1])
+            assert same_bits(np.array(dequantize(rows, Q.MXFP4)), oracle(rows, Q.MXFP4))
 
 
 def test_plain_types() -> None:

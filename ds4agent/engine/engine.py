@@ -91,7 +91,7 @@ def _info(f: GGUFFile, cfg: ModelConfig, backend: str, ctx: int, qat_sim: bool, 
     mix: dict[str, int] = {}
     for t in f.tensors.values():
         mix[t.type_name] = mix.get(t.type_name, 0) + t.nbytes
-    bits = 4 if f.tensors["blk.0.ffn_gate_exps.weight"].type_name == "Q4_K" else 2
+    bits = 4 if f.tensors["blk.0.ffn_gate_exps.weight"].type_name in ("Q4_K", "MXFP4") else 2
     return EngineInfo(f.path, cfg, backend, ctx, qat_sim, mix, is_flash, bits, _fingerprint(f), kernels, note, check,
                       devices)
 

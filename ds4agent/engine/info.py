@@ -18,7 +18,7 @@ class EngineInfo:
     qat_sim: bool
     quant_mix: dict[str, int]  # GGML type name -> bytes
     is_flash: bool
-    expert_quant_bits: int  # 4 when layer 0's routed experts are Q4_K, else 2 (ds4's convention)
+    expert_quant_bits: int  # 4 when layer 0's routed experts are Q4_K or MXFP4, else 2 (ds4's convention)
     fingerprint: int  # identifies these exact weights (see _fingerprint)
     kernels: str = "reference"  # the implementation of the heavy products (engine/kernels)
     kernel_note: str | None = None  # why the fast kernels (or some of their operations) were not used

@@ -4,8 +4,8 @@ Every function takes packed blocks as a uint8 MLX array whose last axis is a who
 blocks (one weight row, or a batch of rows) and returns float32 values with the last axis
 expanded. The arithmetic repeats the `gguf` package's dequantisers operation for operation
 (same products in the same order, float32 throughout), so results agree bit for bit
-(tests/test_quants.py). Lookup tables (the IQ2_XXS grid and sign patterns) are read from the
-`gguf` package at import, never written into our source.
+(tests/test_quants.py). Lookup tables (the IQ2_XXS grid and sign patterns, MXFP4's code values)
+are read from the `gguf` package at import, never written into our source.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import numpy as np
 from gguf.constants import GGML_QUANT_SIZES
 from gguf.constants import GGMLQuantizationType as Q
 from gguf.quants import IQ2_XXS as _GGUF_IQ2_XXS
+from gguf.quants import MXFP4 as _GGUF_MXFP4
 
 
 def iq2xxs_tables() -> tuple[np.ndarray, np.ndarray]:
@@ -30,6 +31,14 @@ def iq2xxs_tables() -> tuple[np.ndarray, np.ndarray]:
 
 
 _IQ2_GRID, _IQ2_SIGNS = (mx.array(t) for t in iq2xxs_tables())
+
+
+def mxfp4_values() -> np.ndarray:
+    """The 16 values of an MXFP4 code (E2M1, doubled: the block's scale is halved to match), float32."""
+    return np.asarray(_GGUF_MXFP4.kvalues, dtype=np.float32)
+
+
+_MXFP4_VALUES = mx.array(mxfp4_values())
 
 
 def _f16(lo: mx.array, hi: mx.array) -> mx.array:
@@ -105,6 +114,19 @@ def dequant_iq2_xxs(raw: mx.array) -> mx.array:
     return (db * grid * signs).reshape(*lead, -1)
 
 
+def dequant_mxfp4(raw: mx.array) -> mx.array:
+    """32 values in 17 bytes: an E8M0 exponent e (the scale 2^(e-127), halved to 2^(e-128) for
+    the doubled code values; below e = 2 a subnormal float), then codes: value l in the low
+    nibble of byte l, value l + 16 in the high nibble."""
+    b, lead = _blocks(raw, 17)
+    n = b.shape[0]
+    e = b[:, 0].astype(mx.uint32)
+    bits = mx.where(e < 2, mx.array(0x00200000, dtype=mx.uint32) << e, (e - 1) << 23)
+    d = bits.view(mx.float32).reshape(n, 1, 1)
+    q = (b[:, 1:].reshape(n, 1, 16) >> mx.array([0, 4], dtype=mx.uint8).reshape(1, 2, 1)) & 0x0F
+    return (d * _MXFP4_VALUES[q.astype(mx.uint32)]).reshape(*lead, -1)
+
+
 def dequant_f16(raw: mx.array) -> mx.array:
     b, lead = _blocks(raw, 2)
     return b.reshape(*lead, -1).view(mx.float16).astype(mx.float32)
@@ -120,6 +142,7 @@ DEQUANT = {
     int(Q.Q2_K): dequant_q2_k,
     int(Q.Q4_K): dequant_q4_k,
     int(Q.IQ2_XXS): dequant_iq2_xxs,
+    int(Q.MXFP4): dequant_mxfp4,
     int(Q.F16): dequant_f16,
     int(Q.F32): dequant_f32,
 }

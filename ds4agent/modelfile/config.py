@@ -290,9 +290,11 @@ def _check_consistency(f: GGUFFile, c: ModelConfig) -> None:
 
 # -- tensor inventory ---------------------------------------------------------------------------
 
-F32, F16, Q8_0, Q2_K, Q4_K, IQ2_XXS, I32 = Q.F32, Q.F16, Q.Q8_0, Q.Q2_K, Q.Q4_K, Q.IQ2_XXS, Q.I32
-EXPERT_GATE_UP_TYPES = frozenset({IQ2_XXS, Q4_K})
-EXPERT_DOWN_TYPES = frozenset({Q2_K, Q4_K})
+F32, F16, Q8_0, Q2_K, Q4_K, IQ2_XXS, I32, MXFP4 = Q.F32, Q.F16, Q.Q8_0, Q.Q2_K, Q.Q4_K, Q.IQ2_XXS, Q.I32, Q.MXFP4
+# Routed experts: the q2 files' IQ2_XXS/Q2_K, the q4 files' Q4_K (in every layer or some), the
+# 0731 MXFP4 file's MXFP4 (DeepSeek's own experts, repacked without requantising).
+EXPERT_GATE_UP_TYPES = frozenset({IQ2_XXS, Q4_K, MXFP4})
+EXPERT_DOWN_TYPES = frozenset({Q2_K, Q4_K, MXFP4})
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ def inspect_lines(r: "ModelReport", tensors: bool) -> list[str]:
         f"file          {r.path}  ({fmt_gib(r.file_size)})",
         f"model         {c.name or '(unnamed)'}  [architecture deepseek4]",
         f"layout        {layout}",
+        f"variant       {r.variant}",
     ]
     lines += [f"                - {p}" for p in r.problems[:20]]
     if len(r.problems) > 20:

@@ -34,7 +34,12 @@ static inline int omp_get_num_threads(void) { return 1; }
 static inline int omp_get_max_threads(void) { return 1; }
 #endif
 
-enum { T_F32 = 0, T_F16 = 1, T_Q8_0 = 8, T_Q2_K = 10, T_Q4_K = 12, T_IQ2_XXS = 16 };
+enum { T_F32 = 0, T_F16 = 1, T_Q8_0 = 8, T_Q2_K = 10, T_Q4_K = 12, T_IQ2_XXS = 16, T_MXFP4 = 39 };
+
+/* MXFP4's 16 code values (E2M1, doubled), handed over at load from the gguf package. */
+static float MXFP4_VALUES[16];
+
+void ds4_set_mxfp4_values(const float *v) { memcpy(MXFP4_VALUES, v, sizeof MXFP4_VALUES); }
 
 /* IQ2_XXS lookup tables, handed over at load from the gguf package (never in our source):
  * 256 grid rows of 8 magnitudes and 128 sign patterns expanded to +-1.0 per lane. */

@@ -29,13 +29,13 @@ from gguf.constants import GGMLQuantizationType as Q
 from ... import settings
 from ..expertpool import ExpertRows
 from ..qat import ceil_log2_table
-from ..quants import iq2xxs_tables
+from ..quants import iq2xxs_tables, mxfp4_values
 from ..weights import Weights
 from ..xp import NP
 from . import cpu_tune
 from .cpu_build import build
 
-SUPPORTED = frozenset({int(Q.F32), int(Q.F16), int(Q.Q8_0), int(Q.Q2_K), int(Q.Q4_K), int(Q.IQ2_XXS)})
+SUPPORTED = frozenset({int(Q.F32), int(Q.F16), int(Q.Q8_0), int(Q.Q2_K), int(Q.Q4_K), int(Q.IQ2_XXS), int(Q.MXFP4)})
 
 _P = ctypes.c_void_p
 _I = ctypes.c_int64
@@ -92,6 +92,7 @@ def library() -> ctypes.CDLL:
                                    ctypes.c_int, _P, _P, _P, ctypes.c_int]
         lib.ds4_hc_post.argtypes = [_P, _P, _P, _P, _I, _I, _I, _P]
         lib.ds4_set_iq2_tables.argtypes = [_P, _P]
+        lib.ds4_set_mxfp4_values.argtypes = [_P]
         lib.ds4_set_threads.argtypes = [ctypes.c_int]
         lib.ds4_read.argtypes = [_P, _I]
         lib.ds4_read.restype = ctypes.c_uint64
@@ -99,6 +100,8 @@ def library() -> ctypes.CDLL:
         lib.ds4_get_prefetch.argtypes = [_P]
         grid, signs = iq2xxs_tables()
         lib.ds4_set_iq2_tables(grid.ctypes.data, signs.ctypes.data)
+        values = mxfp4_values()  # named: alive through the call
+        lib.ds4_set_mxfp4_values(values.ctypes.data)
         table = np.ascontiguousarray(ceil_log2_table(), dtype=np.int32)  # named: alive through the call
         lib.ds4_set_ceil_log2_table(table.ctypes.data)
         if settings.cpu_threads():

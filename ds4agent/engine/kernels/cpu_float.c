@@ -119,6 +119,23 @@ static void deq_iq2_xxs(const uint8_t *src, float *dst, int64_t n) {
     }
 }
 
+/* MXFP4: 32 values in 17 bytes, an E8M0 exponent e and 16 bytes of codes (value l in the low
+ * nibble of byte l, value l + 16 in the high one). The scale is 2^(e-127), halved for the doubled
+ * code values: the float with exponent field e - 1, or below e = 2 the subnormal 2^21 << e. No
+ * integer path: the experts' products take float activations (cpu-exact arithmetic). */
+static void deq_mxfp4(const uint8_t *src, float *dst, int64_t n) {
+    for (int64_t b = 0; b < n / 32; b++, src += 17, dst += 32) {
+        const uint32_t e = src[0];
+        const uint32_t bits = e < 2 ? 0x00200000u << e : (e - 1) << 23;
+        float d;
+        memcpy(&d, &bits, 4);
+        for (int l = 0; l < 16; l++) {
+            dst[l] = d * MXFP4_VALUES[src[1 + l] & 0xF];
+            dst[l + 16] = d * MXFP4_VALUES[src[1 + l] >> 4];
+        }
+    }
+}
+
 typedef void (*deq_fn)(const uint8_t *, float *, int64_t);
 
 static deq_fn dequantiser(int type) {
@@ -129,6 +146,7 @@ static deq_fn dequantiser(int type) {
     case T_Q2_K: return deq_q2_k;
     case T_Q4_K: return deq_q4_k;
     case T_IQ2_XXS: return deq_iq2_xxs;
+    case T_MXFP4: return deq_mxfp4;
     default: return 0;
     }
 }
