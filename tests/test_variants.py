@@ -82,3 +82,13 @@ def test_mxfp4_experts_run_on_the_cpu_kernels_as_on_the_reference(mxfp4_path) ->
 def test_the_gpu_kernels_refuse_mxfp4_in_one_line(mxfp4_path) -> None:
     with pytest.raises(EngineError, match="MXFP4 has no GPU expert kernel"):
         Engine.open(mxfp4_path, backend="cpu", ctx=64, kernels="gpu-host")
+
+
+def test_inspect_names_a_dspark_support_file(tmp_path, capsys) -> None:
+    """Stages mtp.0 .. mtp.2 (DSpark's support file), told apart from the one-stage MTP file."""
+    from ds4agent.modelfile.gguf import write_gguf
+
+    one = np.ones(4, dtype="<f4")
+    write_gguf(tmp_path / "dspark.gguf", {}, [(f"mtp.{s}.attn_norm.weight", 0, (4,), one) for s in range(3)])
+    assert main(["inspect", str(tmp_path / "dspark.gguf")]) == 0
+    assert "a DSpark support file (3 tensors" in capsys.readouterr().out

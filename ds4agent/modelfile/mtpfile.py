@@ -103,10 +103,14 @@ def open_mtp(path: str | os.PathLike[str], c: ModelConfig) -> GGUFFile:
 
 def mtp_summary(f: GGUFFile) -> list[str] | None:
     """What ``ds4 inspect`` says of an MTP file (None: ``f`` is not one): its block's tensors,
-    their types and size, and how it is used. Which model it fits is checked when it is used
+    their types and size, and how it is used; of DSpark's support file (stages mtp.0 .. mtp.2),
+    that it is one. Which model it fits is checked when it is used
     (it has no shapes of its own to compare)."""
     if "token_embd.weight" in f.tensors or not any(n.startswith(PREFIX) for n in f.tensors):
         return None
+    if any(n.startswith("mtp.1.") for n in f.tensors):  # several stages: DSpark's support file
+        return [f"{f.path}: a DSpark support file ({len(f.tensors)} tensors; the 0731 checkpoint's drafter), which "
+                "this build does not run (docs/speculation.md)"]
     mine = [t for n, t in f.tensors.items() if n.startswith(PREFIX)]
     mix: dict[str, int] = {}
     for t in mine:
