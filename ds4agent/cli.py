@@ -301,6 +301,21 @@ def build_parser() -> argparse.ArgumentParser:
     ck.add_argument("--list", action="store_true", help="list the cases and exit (needs no model)")
     _add_engine(ck)
 
+    ev = sub.add_parser("eval", help="our evaluation suites (reasoning, code, tools, recall) on this model and "
+                                     "machine, graded")
+    _add_model(ev)
+    ev.add_argument("--suite", action="append", metavar="NAME",
+                    help="run this suite (repeatable: reasoning, code, tools, recall; default all)")
+    ev.add_argument("--case", action="append", metavar="ID", help="run this case (repeatable)")
+    ev.add_argument("--list-cases", action="store_true", help="list the cases and exit (needs no model)")
+    ev.add_argument("--trace", metavar="FILE", help="write every prompt and completion here (JSON lines)")
+    ev.add_argument("--regrade", metavar="FILE", help="grade a trace again, without the model")
+    ev.add_argument("--json", metavar="FILE", help="write the report (every grade, the counts per suite) as JSON")
+    ev.add_argument("--nothink", action="store_true", help="answer without reasoning (default: thinking)")
+    ev.add_argument("--self-test", action="store_true", help="run the answer extractors' self-tests and exit")
+    _add_generation(ev, 0, "unused: each case has its own token budget", 32768)
+    ev.set_defaults(temp=0.0)
+
     ins = sub.add_parser("inspect", help="describe a model file without loading its weights")
     ins.add_argument("model", nargs="?", metavar="MODEL", help="GGUF file (default: the model ds4 would run)")
     ins.add_argument("--tensors", action="store_true", help="also list every tensor")
@@ -716,6 +731,76 @@ def _settings_value(key: str) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def cmd_eval(args: argparse.Namespace) -> int:
+    """``ds4 eval`` (verify/evaluate.py): run, or regrade, the suites; exit 0 when every case
+    graded passes."""
+    import json
+
+    from .verify import evaluate as ev
+
+    out = _stdout()
+    if args.self_test:
+        wrong = ev.self_test_lines()
+        out.line("\n".join(wrong) if wrong else "every extractor passes its self-test")
+        return 1 if wrong else 0
+    try:
+        chosen = ev.select(args.suite, args.case)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if args.list_cases:
+        for c in chosen:
+            out.line(f"{c.suite:10} {c.id:18} {c.kind:8} budget {c.budget:>5}  {c.prompt.splitlines()[0][:70]}")
+        return 0
+    if args.regrade:
+        if args.trace:
+            raise UsageError("--regrade reads a trace; --trace writes one: give one of them")
+        try:
+            head, records = ev.read_trace(args.regrade)
+            graded = ev.regrade(records)
+        except ev.TraceError as e:
+            raise UsageError(str(e)) from None
+        head = {**head, "regraded": True}
+        for g in graded:
+            out.line(ev.result_line(g))
+    else:
+        head, graded = _eval_run(args, chosen, out)
+    for line in ev.summary(graded):
+        out.line(line)
+    if args.json:
+        Path(args.json).write_text(json.dumps(ev.report(head, graded), indent=1, ensure_ascii=False) + "\n")
+    return 0 if all(g.passed for g in graded) else 1
+
+
+def _eval_run(args: argparse.Namespace, chosen, out):
+    from .modelfile import resolve_model
+    from .verify import evaluate as ev
+
+    if args.trace and Path(args.trace).exists():
+        raise UsageError(f"{args.trace}: already exists (a trace is never overwritten; name another file)")
+    choice = resolve_model(args.model)
+    sampling = _sampling(argparse.Namespace(**{**vars(args), "tokens": 1}))
+    engine = _open_engine(choice.path, args, args.ctx)
+    mode = "chat" if args.nothink else "thinking"
+    head = {"model": str(choice.path), "kernels": engine.info.kernels, "backend": engine.info.backend,
+            "mode": mode, "temperature": sampling.temperature, "ctx": args.ctx}
+    if "ds4agent demo model" in str(engine.file.get("general.description", "")):
+        _say(f"{choice.path.name} is a model ds4agent generated (random weights): expect every case to fail")
+    records, graded = [], []
+    try:
+        for c in chosen:
+            _say(f"{c.suite}/{c.id}: running (budget {c.budget} tokens)")
+            rec = ev.run_case(engine, c, mode, sampling)
+            records.append(rec)
+            g = ev.grade(c, rec)
+            graded.append(g)
+            out.line(ev.result_line(g))
+    finally:
+        if args.trace and records:
+            ev.write_trace(args.trace, head, records)
+        engine.close()
+    return head, graded
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     """``ds4 check``: DeepSeek's official vectors against this model on this machine
     (verify/official.py); exit 0 when every case chosen passes."""
@@ -867,7 +952,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if follower() and args.command in ("chat", "agent", "bench", "serve"):
             return _follow(args)  # rank > 0 of a group: no terminal, socket or store here
         handler = {"chat": cmd_chat, "agent": cmd_agent, "bench": cmd_bench, "inspect": cmd_inspect,
-                   "demo": cmd_demo, "serve": cmd_serve, "check": cmd_check, "pull": cmd_pull}[args.command]
+                   "demo": cmd_demo, "serve": cmd_serve, "check": cmd_check, "pull": cmd_pull,
+                   "eval": cmd_eval}[args.command]
         return handler(args)
     except (UsageError, GGUFError, ConfigError, ModelChoiceError, EngineError, ContextFullError) as e:
         _say(f"error: {e}")
