@@ -32,6 +32,7 @@ from .kernels import Kernels
 from .kernels.reference import ReferenceKernels
 from .ops import Rope, fused, norm, rms_norm, swiglu
 from .state import NEG_INF, Frontier, LayerState, ModelState
+from .steering import Steering, project
 from .weights import Weights
 from .xp import NP, of, to
 
@@ -68,6 +69,7 @@ class Rows:
     lo: int
     hi: int
     trail: list | None = None
+    steer: "Steering | None" = None  # the session's directional steering (engine/steering.py)
 
 
 # -- compressor ---------------------------------------------------------------------------------
@@ -196,7 +198,8 @@ class Model:
 
     # The forward pass ------------------------------------------------------------------------
     def forward(self, ids: np.ndarray, state: ModelState, all_logits: bool = False, alone: bool = False,
-                hidden: bool = False, trail: list | None = None):
+                hidden: bool = False, trail: list | None = None, steer: Steering | None = None,
+                capture: dict | None = None):
         """Run tokens ``ids`` (positions state.n_tokens ...) and return logits for the last
         token (V,) or for every token (T, V); ``state`` advances in place. ``alone``: every
         position computed to the bits of a step of that token alone (the products as in a
@@ -204,26 +207,32 @@ class Model:
         the verification of proposed tokens (docs/speculation.md). ``hidden``: return (logits,
         the last layer's streams (T, hc, E)), what an MTP block drafts from (engine/mtp.py).
         ``trail``: a list the pass fills with each layer's new KV and compressor rows, from
-        which ``cut`` makes the state after only the first tokens."""
+        which ``cut`` makes the state after only the first tokens. ``steer``: directional steering
+        of these tokens' sublayer outputs. ``capture``: a dict the pass fills with each layer's
+        attention and FFN outputs (as steered; with steering, "attn_raw"/"ffn_raw" before it)
+        and hidden streams, lists of arrays in layer order."""
         ids = np.asarray(ids, dtype=np.int64)
         p0 = state.n_tokens
-        rows = [Rows(state, p0, 0, len(ids), trail)]
+        rows = [Rows(state, p0, 0, len(ids), trail, steer)]
         alone = alone and len(ids) > 1
-        X = self._pass(self.embed(ids), ids, np.arange(p0, p0 + len(ids)), rows, range(self.cfg.n_layer), alone)
+        X = self._pass(self.embed(ids), ids, np.arange(p0, p0 + len(ids)), rows, range(self.cfg.n_layer), alone,
+                       capture)
         self.advance(state, len(ids))
         logits = self._head(X, alone) if all_logits else self._head(X[-1:])[0]
         return (logits, X) if hidden else logits
 
-    def forward_batch(self, ids: np.ndarray, states: list[ModelState]) -> mx.array:
+    def forward_batch(self, ids: np.ndarray, states: list[ModelState],
+                      steers: list[Steering | None] | None = None) -> mx.array:
         """One token of each of several sessions (``ids[b]`` at position states[b].n_tokens) in
-        one pass: the logits (B, V), each row the bits that session gets from ``forward`` alone;
-        every state advances by one token."""
+        one pass: the logits (B, V), each row the bits that session gets from ``forward`` alone
+        (with its own steering, ``steers[b]``); every state advances by one token."""
         if self.part is not None:
             raise ValueError("a distributed group runs one session at a time")
         ids = np.asarray(ids, dtype=np.int64)
         if ids.shape != (len(states),) or len({id(st) for st in states}) != len(states):
             raise ValueError(f"a batch takes one token for each of distinct sessions ({ids.shape} for {len(states)})")
-        rows = [Rows(st, st.n_tokens, b, b + 1) for b, st in enumerate(states)]
+        steers = steers or [None] * len(states)
+        rows = [Rows(st, st.n_tokens, b, b + 1, steer=steers[b]) for b, st in enumerate(states)]
         pos = np.array([st.n_tokens for st in states], dtype=np.int64)
         X = self._pass(self.embed(ids), ids, pos, rows, range(self.cfg.n_layer), alone=len(states) > 1)
         for st in states:
@@ -244,7 +253,8 @@ class Model:
         p0 = state.n_tokens
         return self._pass(X, ids, np.arange(p0, p0 + len(ids)), [Rows(state, p0, 0, len(ids))], layers)
 
-    def _pass(self, X, ids: np.ndarray, pos: np.ndarray, rows: list[Rows], layers: range, alone: bool = False):
+    def _pass(self, X, ids: np.ndarray, pos: np.ndarray, rows: list[Rows], layers: range, alone: bool = False,
+              capture: dict | None = None):
         """Streams X of tokens ``ids`` at positions ``pos`` through ``layers``, each session's
         rows over its own state (``rows``); ``alone``: the rows are different sessions'."""
         xp = self.xp
@@ -254,8 +264,10 @@ class Model:
         if len(layers):
             self._prefetch(layers[0], None, ids)
         for i in layers:
-            X = self._layer(i, X, ids, pos, tables, rows, alone)
+            X = self._layer(i, X, ids, pos, tables, rows, alone, capture)
             xp.eval(X)  # one layer's graph at a time keeps peak memory to a layer's temporaries
+            if capture is not None:
+                capture.setdefault("hidden", []).append(X)
         return X
 
     def cut(self, before: ModelState, trail: list, m: int) -> ModelState:
@@ -279,19 +291,39 @@ class Model:
         """Logits of the last token (V,), or of every token (T, V)."""
         return self._head(X) if all_logits else self._head(X[-1:])[0]
 
-    def _layer(self, i: int, X, ids, pos, tables, rows: list[Rows], alone: bool) -> mx.array:
+    def _layer(self, i: int, X, ids, pos, tables, rows: list[Rows], alone: bool, capture: dict | None = None):
         w = self.param
         p = f"blk.{i}."
         # (a keyword only in a batch: kernels that never batch keep their signatures)
         one = {"alone": True} if alone else {}
         x, post, M = self.k.hc_pre(X, p + "hc_attn_fn.weight", w(p + "hc_attn_scale.weight"),
                                    w(p + "hc_attn_base.weight"), **one)
-        y = self._attention(i, x, pos, tables, rows, one)
+        y = self._steered(self._attention(i, x, pos, tables, rows, one), i, "attn", rows, capture)
         X = self.k.hc_post(y, X, post, M)
         x, post, M = self.k.hc_pre(X, p + "hc_ffn_fn.weight", w(p + "hc_ffn_scale.weight"),
                                    w(p + "hc_ffn_base.weight"), **one)
-        y = self._ffn(i, x, ids, one)
+        y = self._steered(self._ffn(i, x, ids, one), i, "ffn", rows, capture)
         return self.k.hc_post(y, X, post, M)
+
+    def _steered(self, y, i: int, which: str, rows: list[Rows], capture: dict | None):
+        """Sublayer output ``y`` (T, E) of layer ``i`` with each session's steering applied to
+        its rows (engine/steering.py); untouched, not recomputed, where no scale is set."""
+        xp = self.xp
+        raw = y
+        for r in rows:
+            s = getattr(r.steer, which, 0.0) if r.steer is not None else 0.0
+            if s == 0.0:
+                continue
+            v = r.steer.vector(i, xp)
+            if len(rows) == 1:
+                y = project(y, v, s, xp)
+            else:  # (a batch of one-row sessions: this session's row, the others as they were)
+                y = xp.concatenate([y[: r.lo], project(y[r.lo : r.hi], v, s, xp), y[r.hi :]], axis=0)
+        if capture is not None:
+            capture.setdefault(which, []).append(y)
+            if y is not raw:  # steered: what the sublayer gave before (the projection's input)
+                capture.setdefault(which + "_raw", []).append(raw)
+        return y
 
     # Attention -------------------------------------------------------------------------------
     def _attention(self, i: int, x: mx.array, pos: np.ndarray, tables, rows: list[Rows], one: dict) -> mx.array:

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from .drafts import Drafter
     from .info import EngineInfo
     from .model import Model
+    from .steering import Steering
 
 Progress = Callable[[int, int], None]  # (tokens done, tokens to do)
 
@@ -170,11 +171,28 @@ class Session:
         state = self._live.state.fork()
         p0 = self._live.n
         if self._wants_hidden():
-            logits, X = self._model.forward(np.asarray(ids, dtype=np.int64), state, hidden=True)
+            logits, X = self._model.forward(np.asarray(ids, dtype=np.int64), state, hidden=True, **self._steer())
             self._commit(ids, state, logits)
             self.drafter.seen(p0, X)
         else:
-            self._commit(ids, state, self._model.forward(np.asarray(ids, dtype=np.int64), state))
+            self._commit(ids, state, self._model.forward(np.asarray(ids, dtype=np.int64), state, **self._steer()))
+
+    # Directional steering of this session's passes (engine/steering.py); None: none.
+    steering: "Steering | None" = None
+
+    def set_steering(self, steering: "Steering | None") -> None:
+        """Steer this session's passes from now on (None: stop); the tokens already evaluated
+        keep the KV they were evaluated with. ValueError for a model that cannot steer (the
+        Ascend module, a distributed group)."""
+        if steering is not None and steering.active and not batches(self._model):
+            raise ValueError("directional steering runs with the MLX engine of one process")
+        self.steering = steering
+
+    def _steer(self) -> dict:
+        """The steering keyword of a forward pass (nothing when none is in force, so models
+        that cannot steer are called as before)."""
+        st = self.steering
+        return {"steer": st} if st is not None and st.active else {}
 
     def _wants_hidden(self) -> bool:
         """Whether the drafter drafts from the target's last-layer streams (an MTP block)."""
@@ -196,7 +214,9 @@ class Session:
                 s.advance([t])
             return
         states = [s._live.state.fork() for s in sessions]
-        out = np.asarray(model.forward_batch(np.asarray(tokens, dtype=np.int64), states))
+        steers = [s._steer().get("steer") for s in sessions]
+        more = {"steers": steers} if any(st is not None for st in steers) else {}
+        out = np.asarray(model.forward_batch(np.asarray(tokens, dtype=np.int64), states, **more))
         for b, (s, t) in enumerate(zip(sessions, tokens)):
             s._commit([int(t)], states[b], out[b])
 
@@ -258,6 +278,36 @@ class Session:
         logits.setflags(write=False)
         mine = self._model.from_snapshot(state)  # a PayloadError above leaves everything as it was
         self._live = _Live(mine, tokens, len(tokens), logits)
+
+    def activations(self, ids: Sequence[int], last_only: bool = False) -> dict[str, np.ndarray]:
+        """Each layer's attention and FFN outputs (as steered by this session's steering) and
+        hidden streams for tokens ``ids`` evaluated from an empty state, without touching the
+        live state: {"attn": (n_layer, T, E), "ffn": (n_layer, T, E), "hidden": (n_layer, T, hc, E)}
+        (T = 1 with ``last_only``: the last token's rows). Runs in prefill chunks, where this
+        session's passes run."""
+        ids = [int(i) for i in ids]
+        if not ids:
+            raise ValueError("no tokens to evaluate")
+        if not batches(self._model):
+            raise ValueError("activations are captured on the MLX engine of one process")
+
+        def run() -> dict[str, np.ndarray]:
+            state = self._model.empty_state()
+            parts: dict[str, list] = {}
+            for off in range(0, len(ids), self.prefill_chunk):
+                chunk = ids[off : off + self.prefill_chunk]
+                if last_only and off + len(chunk) < len(ids):
+                    self._model.forward(np.asarray(chunk, dtype=np.int64), state, **self._steer())
+                    continue
+                cap: dict = {}
+                self._model.forward(np.asarray(chunk, dtype=np.int64), state, capture=cap, **self._steer())
+                for k, layers in cap.items():
+                    rows = [np.array(a, dtype=np.float32)[-1:] if last_only else np.array(a, dtype=np.float32)
+                            for a in layers]
+                    parts.setdefault(k, []).append(np.stack(rows))
+            return {k: np.concatenate(v, axis=1) for k, v in parts.items()}
+
+        return self._on_engine(run)
 
     def eval(self, token: int) -> None:
         if self._live.n + 1 >= self.ctx:
@@ -357,7 +407,7 @@ class Session:
             state = live.state.fork()
             trail: list = []
             out = self._model.forward(np.asarray(ids, dtype=np.int64), state, all_logits=True, alone=True,
-                                      hidden=hidden, trail=trail)
+                                      hidden=hidden, trail=trail, **self._steer())
             out, X = out if hidden else (out, None)
             return state, np.asarray(out, dtype=np.float32), X, trail
 
