@@ -47,6 +47,7 @@ def _open_engine(path, args: argparse.Namespace, ctx: int, flag: str = "--ctx"):
         mtp = getattr(args, "mtp", None) or settings.mtp_choice()
         engine.set_speculation(getattr(args, "speculate", None) or settings.speculate_choice(mtp=mtp is not None),
                                mtp=mtp)
+        _steering(engine, args)
     except (EngineError, settings.SettingsError) as e:
         engine.close()
         raise UsageError(str(e)) from None
@@ -60,6 +61,22 @@ def _open_engine(path, args: argparse.Namespace, ctx: int, flag: str = "--ctx"):
     for line in engine.info.devices:  # what each device holds (npu, GPU kernels); what streams
         _say(line)
     return engine
+
+
+def _steering(engine, args: argparse.Namespace) -> None:
+    """--dir-steering-file and its scales, for the sessions the engine makes."""
+    from .engine import EngineError
+
+    path = getattr(args, "dir_steering_file", None)
+    ffn, attn = getattr(args, "dir_steering_ffn", None), getattr(args, "dir_steering_attn", None)
+    if path is None:
+        if ffn is not None or attn is not None:
+            raise EngineError("--dir-steering-ffn and --dir-steering-attn scale a --dir-steering-file")
+        return
+    for name, v in (("--dir-steering-ffn", ffn), ("--dir-steering-attn", attn)):
+        if v is not None and not (-100 <= v <= 100):
+            raise EngineError(f"{name} must be in -100..100, got {v}")
+    engine.set_steering(path, attn=0.0 if attn is None else attn, ffn=1.0 if ffn is None else ffn)
 
 
 def _open_group(path, args: argparse.Namespace, ctx: int):
@@ -131,6 +148,13 @@ def _add_engine(group: argparse._ActionsContainer) -> None:
     group.add_argument("--mtp", metavar="FILE", default=None,
                        help="DeepSeek's MTP block (DeepSeek-V4-Flash-MTP-*.gguf) to draft with: --speculate mtp "
                             "(default $DS4_MTP, else 'mtp' in config.toml)")
+    group.add_argument("--dir-steering-file", metavar="FILE", default=None,
+                       help="directional steering: one direction per layer, raw float32 [layers x hidden] (ds4's "
+                            "files load as they are; ds4 steer build makes them)")
+    group.add_argument("--dir-steering-ffn", type=float, default=None, metavar="S",
+                       help="steering scale on the FFN outputs (default 1 with a file; negative amplifies)")
+    group.add_argument("--dir-steering-attn", type=float, default=None, metavar="S",
+                       help="steering scale on the attention outputs (default 0)")
     group.add_argument("--dspark", metavar="FILE", default=None,
                        help="a DSpark draft model for the 0731 checkpoint (not run by this build; "
                             "docs/speculation.md)")
@@ -215,6 +239,9 @@ def build_parser() -> argparse.ArgumentParser:
     diag.add_argument("--dump-tokens", action="store_true",
                       help="print the special-aware tokenisation of the prompt as given, then exit")
     diag.add_argument("--dump-logprobs", metavar="FILE", help="write greedy top log-probabilities as JSON")
+    diag.add_argument("--dump-activations", metavar="FILE.npz",
+                      help="write every layer's attention and FFN outputs and hidden streams for the prompt (no "
+                           "answer is generated)")
     diag.add_argument("--logprobs-top-k", type=int, default=20, metavar="K", help="entries per step (1..128)")
 
     ag = sub.add_parser("agent", help="coding agent working in the current repository")
@@ -300,6 +327,19 @@ def build_parser() -> argparse.ArgumentParser:
     ck.add_argument("--case", action="append", metavar="ID", help="run only this case (repeatable; see --list)")
     ck.add_argument("--list", action="store_true", help="list the cases and exit (needs no model)")
     _add_engine(ck)
+
+    sr = sub.add_parser("steer", help="directional steering: build a direction file from two prompt sets")
+    srs = sr.add_subparsers(dest="steer_command", metavar="build", required=True)
+    sb = srs.add_parser("build", help="directions from two prompt sets (the mean difference of a sublayer's output "
+                                      "per layer)")
+    _add_model(sb)
+    sb.add_argument("--good", required=True, metavar="FILE", help="prompts showing what you want, one per line")
+    sb.add_argument("--bad", required=True, metavar="FILE", help="prompts showing what to steer away from")
+    sb.add_argument("--control", metavar="FILE", help="prompts whose mean direction the result is made orthogonal to")
+    sb.add_argument("--component", choices=("ffn", "attn"), default="ffn", help="which output (default ffn)")
+    sb.add_argument("--out", required=True, metavar="FILE", help="the direction file to write (and FILE.json)")
+    sb.add_argument("-c", "--ctx", type=int, default=8192, metavar="N", help="context size (default 8192)")
+    _add_engine(sb)
 
     ev = sub.add_parser("eval", help="our evaluation suites (reasoning, code, tools, recall) on this model and "
                                      "machine, graded")
@@ -512,9 +552,10 @@ def cmd_chat(args: argparse.Namespace) -> int:
     from .modelfile import DEMO_BANNER, resolve_model
 
     prompt = _read_prompt(args)
-    if args.dump_tokens or args.dump_logprobs:
+    if args.dump_tokens or args.dump_logprobs or args.dump_activations:
         if prompt is None:
-            raise UsageError("--dump-tokens and --dump-logprobs need a prompt (-p or --prompt-file)")
+            raise UsageError("--dump-tokens, --dump-logprobs and --dump-activations need a prompt "
+                             "(-p or --prompt-file)")
     if not 1 <= args.logprobs_top_k <= 128:
         raise UsageError(f"--logprobs-top-k must be in 1..128, got {args.logprobs_top_k}")
     sampling = _sampling(args)
@@ -536,7 +577,26 @@ def cmd_chat(args: argparse.Namespace) -> int:
     job = OneShot(prompt, effective_mode(args.mode, args.ctx, sys.stderr), args.system, sampling, args.tokens, args.ctx)
     if args.dump_logprobs:
         return dump_logprobs(engine, job, args.dump_logprobs, args.logprobs_top_k)
+    if args.dump_activations:
+        return _dump_activations(engine, job, args.dump_activations)
     return run(engine, job, sys.stdout, sys.stderr)
+
+
+def _dump_activations(engine, job, path: str) -> int:
+    """--dump-activations: the prompt (as the one-shot renders it) through the model, each
+    layer's outputs to an .npz (engine/steering.py save_activations), under the steering in force."""
+    from .engine import save_activations
+    from .ui.oneshot import prompt_ids
+
+    ids = prompt_ids(engine.tokenizer, job)
+    session = engine.session()
+    session.drafter = None
+    try:
+        where = save_activations(path, session.activations(ids), ids)
+    finally:
+        engine.close()
+    _stdout().line(f"wrote {where}: attn, ffn (layers x {len(ids)} tokens x hidden), hidden (streams too), tokens")
+    return 0
 
 
 def cmd_agent(args: argparse.Namespace) -> int:
@@ -729,6 +789,64 @@ def _settings_value(key: str) -> str | None:
     except settings.SettingsError:
         return None
     return value if isinstance(value, str) else None
+
+
+def _prompt_lines(path: str) -> list[str]:
+    """A prompt set: one prompt per line; blank lines and lines starting with # are skipped."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"{path}: {getattr(e, 'strerror', None) or e}") from None
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    if not lines:
+        raise UsageError(f"{path}: no prompts (one per line)")
+    return lines
+
+
+def cmd_steer(args: argparse.Namespace) -> int:
+    """``ds4 steer build``: directions from two prompt sets (engine/steering.py), each prompt a
+    user turn without thinking, its last row's sublayer output per layer."""
+    import datetime
+
+    from .engine import SteeringError, build_directions, write_steering
+    from .modelfile import resolve_model
+    from .protocol import render
+
+    sets = {k: _prompt_lines(getattr(args, k)) for k in ("good", "bad") + (("control",) if args.control else ())}
+    out = Path(args.out)
+    if out.exists() and out.is_dir():
+        raise UsageError(f"{out}: is a directory")
+    choice = resolve_model(args.model)
+    args.dir_steering_file = None  # (a build measures the model unsteered)
+    engine = _open_engine(choice.path, args, args.ctx)
+    try:
+        tok = engine.tokenizer
+        ids = {k: [tok.encode_rendered(render([{"role": "user", "content": p}], thinking_mode="chat")) for p in v]
+               for k, v in sets.items()}
+        longest = max(len(x) for v in ids.values() for x in v)
+        if longest >= args.ctx:
+            raise UsageError(f"a prompt of {longest} tokens does not fit --ctx {args.ctx}")
+        _say(f"running {sum(len(v) for v in ids.values())} prompts ({args.component} outputs, every layer)")
+        try:
+            directions, norms = build_directions(engine.session(), ids["good"], ids["bad"], args.component,
+                                                 ids.get("control"))
+        except SteeringError as e:
+            raise UsageError(str(e)) from None
+        meta = {"name": out.stem, "made_by": "ds4 steer build", "component": args.component,
+                "good": str(args.good), "bad": str(args.bad), "control": str(args.control) if args.control else None,
+                "prompts": {k: len(v) for k, v in sets.items()}, "model": engine.info.name,
+                "layers": int(directions.shape[0]), "hidden": int(directions.shape[1]),
+                "difference_norms": [round(float(n), 6) for n in norms],
+                "use": f"--dir-steering-file {out.name} (--dir-steering-{args.component} S: positive removes the bad "
+                       "prompts' trait, negative amplifies it)",
+                "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+        write_steering(out, directions, meta)
+    finally:
+        engine.close()
+    flag = "--dir-steering-attn 1 --dir-steering-ffn 0" if args.component == "attn" else ""
+    _stdout().line(f"wrote {out} ({directions.shape[0]} layers x {directions.shape[1]}) and {out.name}.json; use: "
+                   f"ds4 --dir-steering-file {out} {flag}".rstrip())
+    return 0
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -953,7 +1071,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _follow(args)  # rank > 0 of a group: no terminal, socket or store here
         handler = {"chat": cmd_chat, "agent": cmd_agent, "bench": cmd_bench, "inspect": cmd_inspect,
                    "demo": cmd_demo, "serve": cmd_serve, "check": cmd_check, "pull": cmd_pull,
-                   "eval": cmd_eval}[args.command]
+                   "eval": cmd_eval, "steer": cmd_steer}[args.command]
         return handler(args)
     except (UsageError, GGUFError, ConfigError, ModelChoiceError, EngineError, ContextFullError) as e:
         _say(f"error: {e}")

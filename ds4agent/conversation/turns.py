@@ -107,8 +107,11 @@ class Conversation:
         self.dirty = False
 
     def set_context(self, ctx: int) -> None:
-        """New context size: the KV is dropped, the transcript kept (the next turn re-prefills)."""
+        """New context size: the KV is dropped, the transcript kept (the next turn re-prefills);
+        the steering in force stays."""
+        steering = self.session.steering
         self.session = self.engine.session(ctx=ctx)
+        self.session.set_steering(steering)
 
     def mark(self) -> "Mark":
         """Capture the conversation (transcript, KV, settings) so that ``restore`` can undo

@@ -342,6 +342,7 @@ class Engine:
         self._speculate = "off"  # set_speculation
         self._mtp = None  # the MTP block "mtp" drafts with (engine/mtp.py)
         self._opened: list = []  # every MTP block opened, closed with the engine
+        self._steering = None  # what new sessions are steered by (set_steering)
         self.tokenizer = parts.tokenizer
         self.info = parts.info
         self.ctx = parts.info.ctx
@@ -449,12 +450,36 @@ class Engine:
             self._opened.append(block)  # sessions made before keep theirs: all close with the engine
         self._speculate, self._mtp = kind, block
 
+    def set_steering(self, path: str | os.PathLike[str] | None, attn: float = 0.0, ffn: float = 1.0) -> None:
+        """Directional steering for the sessions made from now on (engine/steering.py): the
+        directions of file ``path`` for this model with these scales; None: none. EngineError,
+        one line, for a file that does not fit or a model that cannot steer."""
+        from .steering import SteeringError, load_steering
+
+        if path is None:
+            self._steering = None
+            return
+        if not self.batches:
+            raise EngineError("directional steering runs with the MLX engine of one process")
+        cfg = self.info.config
+        try:
+            self._steering = load_steering(path, cfg.n_layer, cfg.n_embd, attn, ffn)
+        except SteeringError as e:
+            raise EngineError(str(e)) from None
+
+    @property
+    def steering(self):
+        """The steering new sessions get (a Steering), or None."""
+        return self._steering
+
     def session(self, ctx: int | None = None) -> Session:
         """A new, empty session; ``ctx`` defaults to the context the engine was opened with."""
         from . import drafts
 
         s = self._parts.session_class(self._parts.model, self.tokenizer, self.info, self.ctx if ctx is None else ctx)
         s.drafter = drafts.drafter(self._speculate, self._mtp)
+        if self._steering is not None:
+            s.set_steering(self._steering)
         return s
 
     def close(self) -> None:

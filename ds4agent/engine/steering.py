@@ -99,3 +99,57 @@ def project(y, v, s: float, xp):
     summed along each row alone, so a row's bits do not depend on the other rows."""
     d = xp.sum(y * v[None, :], axis=-1, keepdims=True)
     return y - (s * v[None, :]) * d
+
+
+def build_directions(session, good: list[list[int]], bad: list[list[int]], component: str,
+                     control: list[list[int]] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Directions from two prompt sets (token ids each): per layer, the mean of the bad
+    prompts' last-row ``component`` ("ffn" or "attn") output less the good prompts', optionally
+    made orthogonal to the control prompts' mean, normalised. It points from the good set to the
+    bad one, so a positive scale removes the bad set's trait. Returns (directions (n_layer, E)
+    float32, the norms before normalising). The session's own steering is left out."""
+    if component not in ("ffn", "attn"):
+        raise SteeringError(f"component must be ffn or attn, got {component!r}")
+    if not good or not bad:
+        raise SteeringError("both prompt sets need at least one prompt")
+    kept = session.steering
+    session.set_steering(None)  # the directions of the model as it is
+    try:
+        def mean(prompts: list[list[int]]) -> np.ndarray:
+            rows = [session.activations(p, last_only=True)[component][:, 0, :].astype(np.float64) for p in prompts]
+            return np.mean(rows, axis=0)  # (n_layer, E)
+
+        d = mean(bad) - mean(good)
+        if control:
+            c = mean(control)
+            c_hat = c / np.maximum(np.linalg.norm(c, axis=1, keepdims=True), 1e-30)
+            d = d - np.sum(d * c_hat, axis=1, keepdims=True) * c_hat
+    finally:
+        session.set_steering(kept)
+    norms = np.linalg.norm(d, axis=1)
+    if not np.all(norms > 0) or not np.all(np.isfinite(norms)):
+        raise SteeringError("the two prompt sets give the same outputs in some layer: no direction to take")
+    return (d / norms[:, None]).astype(np.float32), norms
+
+
+def write_steering(path: str | os.PathLike[str], directions: np.ndarray, meta: dict) -> Path:
+    """The directions as ds4's raw float32 file, and ``meta`` as its JSON sidecar (both written
+    whole to temporary files and renamed)."""
+    p = Path(path)
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.write_bytes(np.ascontiguousarray(directions, dtype="<f4").tobytes())
+    side = p.with_name(p.name + ".json")
+    stmp = side.with_name(side.name + ".tmp")
+    stmp.write_text(json.dumps(meta, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    os.replace(tmp, p)
+    os.replace(stmp, side)
+    return p
+
+
+def save_activations(path: str | os.PathLike[str], acts: dict[str, np.ndarray], tokens: list[int]) -> Path:
+    """``--dump-activations``: the captured outputs (Session.activations) and the token ids as
+    an .npz (arrays "attn", "ffn": (n_layer, T, E); "hidden": (n_layer, T, hc, E); "tokens")."""
+    p = Path(path)
+    with open(p, "wb") as f:
+        np.savez(f, tokens=np.asarray(tokens, dtype=np.int64), **acts)
+    return p

@@ -186,7 +186,8 @@ class Server:
 
         mode = spec.mode if spec.messages is not None else "raw"
         job = Job(spec.api, ids, text, mode, spec.sampling, spec.max_tokens, emit, spec.stop,
-                  "toolu_" if spec.api == "messages" else "call_", replay=replay)
+                  "toolu_" if spec.api == "messages" else "call_", replay=replay,
+                  steering=self.worker.steering_for(spec.steering))
         try:
             self.worker.submit(job)
         except QueueFull as e:

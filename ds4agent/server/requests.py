@@ -47,6 +47,9 @@ class Spec:
     stop: list[str]
     include_usage: bool = False
     summary: bool = False  # Responses: reasoning output requested
+    # ds4's extra field "dir_steering": {"ffn": F, "attn": F} (scales of the server's steering
+    # file for this request), "off", or absent (the server's own scales)
+    steering: dict | str | None = None
 
 
 def _check(cond: bool, message: str, param: str | None = None) -> None:
@@ -196,7 +199,24 @@ def _base(api: str, body: dict, d: Defaults, messages: list[dict] | None, prompt
     _check(isinstance(stream, bool) or stream is None, "stream must be a boolean", "stream")
     model = body.get("model") or "deepseek-v4-flash"
     _check(isinstance(model, str), "model must be a string", "model")
-    return Spec(api, messages, prompt, mode, effort, sampling, max_tokens, bool(stream), model, stop)
+    spec = Spec(api, messages, prompt, mode, effort, sampling, max_tokens, bool(stream), model, stop)
+    spec.steering = _steering(body)
+    return spec
+
+
+def _steering(body: dict) -> dict | str | None:
+    """The request's "dir_steering": "off", or the scales it sets ({"ffn": F, "attn": F}, either)."""
+    v = body.get("dir_steering")
+    if v is None:
+        return None
+    if v == "off":
+        return "off"
+    _check(isinstance(v, dict) and v and set(v) <= {"ffn", "attn"},
+           'dir_steering must be "off" or an object with "ffn" and/or "attn" scales', "dir_steering")
+    for k, x in v.items():
+        _check(isinstance(x, (int, float)) and not isinstance(x, bool) and -100 <= x <= 100,
+               f"dir_steering.{k} must be a number in -100..100", "dir_steering")
+    return {k: float(x) for k, x in v.items()}
 
 
 # -- OpenAI chat -----------------------------------------------------------------------------

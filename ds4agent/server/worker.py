@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from ..conversation.reply import Reply
 from ..engine import Batcher, SamplingParams
 from ..sessions import StoreError
+from .requests import ApiError
 from .toolmemory import SampledBlock, ToolMemory, calls_of_block
 
 if TYPE_CHECKING:
@@ -71,6 +72,10 @@ class Job:
     id_prefix: str = "call_"  # tool-call ids: call_ (OpenAI) or toolu_ (Anthropic)
     cancel: threading.Event = field(default_factory=threading.Event)
     replay: dict[str, int] | None = None  # tool-call replay counts, for the log
+    # Directional steering other than the server's own (the request's "dir_steering"): a
+    # Steering from the engine, or "off"; None: the server's. Such a job reuses no cached KV
+    # and leaves none (the KV depends on the steering it was computed under).
+    steering: Any = None
 
 
 @dataclass
@@ -129,6 +134,21 @@ class Worker:
         self._idle: list[Slot] = []
         for slot in self.slots:
             slot.start()
+
+    def steering_for(self, asked: dict | str | None) -> Any:
+        """A request's "dir_steering" as a job's ``steering``: None for the server's own, else
+        "off" or the server's directions with the scales asked. ApiError (400) for scales on a
+        server started without a steering file."""
+        base = getattr(self.engine, "steering", None)
+        if asked is None:
+            return None
+        if asked == "off":
+            return "off" if base is not None and base.active else None
+        if base is None:
+            raise ApiError(400, "dir_steering: this server runs without a steering file (start it with "
+                           "--dir-steering-file FILE)", param="dir_steering")
+        st = base.scaled(**asked)
+        return None if (st.attn, st.ffn) == (base.attn, base.ffn) else st
 
     @property
     def session(self) -> "Session":
@@ -233,6 +253,7 @@ class Slot:
         self._cached: list[_Cached] = []
         self._saved_text: bytes | None = None  # text of the live session as last saved
         self._live_text = b""  # text of the live session after the last job
+        self._steer_key: Any = None  # the steering the live KV and cached starts were made under (None: the server's)
         self._drafts_before: dict = {}  # the drafter's counters when the running job began
         self.special = {self.tok.special["user"], self.tok.eos_id}
         self._think_open = self.tok.special.get("think_open")
@@ -329,7 +350,7 @@ class Slot:
         if best is None or best[1] != "live":
             # The live state is about to be replaced: keep it on disk when it is worth it.
             self.save("evict")
-        if self.worker.store is not None and (best is None or best[0] < len(job.ids)):
+        if self.worker.store is not None and self._steer_key is None and (best is None or best[0] < len(job.ids)):
             got = self._from_disk(job, offsets, best[0] if best else 0)
             if got is not None:
                 return got, len(self.session.tokens), "disk"
@@ -387,8 +408,8 @@ class Slot:
     def save(self, reason: str) -> None:
         s = self.session
         store = self.worker.store
-        if store is None or s.n_tokens < max(self.worker.min_save_tokens, 1):
-            return
+        if store is None or s.n_tokens < max(self.worker.min_save_tokens, 1) or self._steer_key is not None:
+            return  # (KV made under a request's own steering is not the cache's to keep)
         text = self.tok.decode_bytes(s.tokens)
         if text == self._saved_text:
             return
@@ -405,8 +426,25 @@ class Slot:
             log.warning("kv cache: not saved (%s): %s", reason, e)
 
     # -- a job -----------------------------------------------------------------------------
+    def _steer(self, job: Job) -> None:
+        """Put the slot under the job's steering. KV made under other steering is not this
+        job's: changing it drops the slot's live state and its cached starts (the server's own
+        are saved first), and a job under its own steering reads and writes no disk cache."""
+        key = None if job.steering is None else "off" if job.steering == "off" else job.steering.record()
+        if key == self._steer_key:
+            return
+        if self._steer_key is None:
+            self.save("evict")
+        self._cached.clear()
+        self.session.reset()
+        self._live_text = b""
+        default = getattr(self.worker.engine, "steering", None)
+        self.session.set_steering(default if key is None else None if key == "off" else job.steering)
+        self._steer_key = key
+
     def _run(self, job: Job) -> None:
         t0 = time.perf_counter()
+        self._steer(job)
         ids, cached, source = self._reuse(job)
         if len(ids) >= self.ctx:
             job.emit(JobEvent("error",

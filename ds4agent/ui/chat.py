@@ -31,8 +31,10 @@ def status_text(conv: Conversation) -> str:
     mode = {"chat": "no thinking", "thinking": "thinking", "max": "think max"}[conv.mode]
     pool = conv.engine.streaming()
     experts = f"experts streamed {100 * pool['hit_rate']:.0f}% hit | " if pool is not None else ""
+    steer = conv.session.steering
+    steering = f"steer {steer.describe()} | " if steer is not None and steer.active else ""
     return (f" {conv.engine.info.name} | ctx {short_count(used)}/{short_count(conv.ctx)} | "
-            f"prefill {st.prefill_tps:.1f} t/s | gen {st.gen_tps:.1f} t/s | {experts}{mode} ")
+            f"prefill {st.prefill_tps:.1f} t/s | gen {st.gen_tps:.1f} t/s | {experts}{steering}{mode} ")
 
 
 # -- front ends ---------------------------------------------------------------------------------

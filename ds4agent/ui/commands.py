@@ -35,6 +35,8 @@ COMMANDS = (
     SlashCommand("/new", "start a new conversation"),
     SlashCommand("/history", "[N]: show the last N turns"),
     SlashCommand("/stats", "speed and context use"),
+    SlashCommand("/steer", "S | attn S | off: directional steering scale on the FFN outputs (attn: on the "
+                 "attention outputs); needs --dir-steering-file"),
     SlashCommand("/compact", "summarise the conversation to free context", ("agent",)),
     SlashCommand("/approval", "ask|auto-edit|yolo: how much runs without asking (no argument: the mode and the "
                          "session's 'always' answers; 'clear' forgets them)", ("agent",)),
@@ -139,6 +141,34 @@ class ChatCommands:
             self.out.note(f"unknown command: {cmd}; type /help for commands", error=True)
             return
         handler(arg)
+
+    def cmd_steer(self, arg: str) -> None:
+        """The session's directional steering: its scales changed from the next token on (the
+        KV already computed keeps the steering it was computed with)."""
+        session = self.conv.session
+        st = session.steering or self.conv.engine.steering
+        if st is None:
+            self.out.note("no steering directions: start with --dir-steering-file FILE (ds4 steer build makes one)",
+                          error=True)
+            return
+        words = arg.split()
+        try:
+            if not words:
+                pass
+            elif words == ["off"]:
+                st = st.scaled(attn=0.0, ffn=0.0)
+            elif len(words) == 2 and words[0] in ("attn", "ffn"):
+                st = st.scaled(**{words[0]: float(words[1])})
+            elif len(words) == 1:
+                st = st.scaled(ffn=float(words[0]))
+            else:
+                raise ValueError("usage: /steer S | /steer attn S | /steer off")
+            session.set_steering(st)
+        except ValueError as e:
+            self.out.note(str(e) if "usage" in str(e) or "must be" in str(e) else
+                          "usage: /steer S | /steer attn S | /steer off", error=True)
+            return
+        self.out.note(f"steering: {st.describe()}" + ("" if st.active else " (off)"))
 
     def cmd_help(self, arg: str) -> None:
         for name, text in self.commands.items():
