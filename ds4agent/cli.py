@@ -48,6 +48,8 @@ def _open_engine(path, args: argparse.Namespace, ctx: int, flag: str = "--ctx"):
         engine.set_speculation(getattr(args, "speculate", None) or settings.speculate_choice(mtp=mtp is not None),
                                mtp=mtp)
         _steering(engine, args)
+        if getattr(args, "power", None) is not None:
+            engine.set_power(args.power)
     except (EngineError, settings.SettingsError) as e:
         engine.close()
         raise UsageError(str(e)) from None
@@ -155,6 +157,9 @@ def _add_engine(group: argparse._ActionsContainer) -> None:
                        help="steering scale on the FFN outputs (default 1 with a file; negative amplifies)")
     group.add_argument("--dir-steering-attn", type=float, default=None, metavar="S",
                        help="steering scale on the attention outputs (default 0)")
+    group.add_argument("--power", type=int, default=None, metavar="P",
+                       help="cap the engine's duty cycle at P percent (1-100; on battery): a pause after each pass, "
+                            "and P%% of the CPU kernels' threads (default 100: no cap; /power changes it)")
     group.add_argument("--dspark", metavar="FILE", default=None,
                        help="a DSpark draft model for the 0731 checkpoint (not run by this build; "
                             "docs/speculation.md)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import weakref
 from dataclasses import dataclass
 from typing import Callable
 
@@ -343,6 +344,8 @@ class Engine:
         self._mtp = None  # the MTP block "mtp" drafts with (engine/mtp.py)
         self._opened: list = []  # every MTP block opened, closed with the engine
         self._steering = None  # what new sessions are steered by (set_steering)
+        self._power = None  # the duty-cycle cap every session passes through (set_power)
+        self._sessions: weakref.WeakSet = weakref.WeakSet()  # the sessions made (set_power reaches them)
         self.tokenizer = parts.tokenizer
         self.info = parts.info
         self.ctx = parts.info.ctx
@@ -467,6 +470,32 @@ class Engine:
         except SteeringError as e:
             raise EngineError(str(e)) from None
 
+    def set_power(self, level: int) -> None:
+        """Cap the engine's duty cycle at ``level`` percent (engine/power.py), for every session
+        of it, those made before included. EngineError, one line, out of 1..100."""
+        from .power import Power, PowerError
+
+        try:
+            if self._power is None:
+                threads = None
+                kernels = getattr(self._parts.model, "k", None)
+                if getattr(kernels, "name", "") in ("cpu", "cpu-exact"):
+                    from .kernels import cpu
+
+                    threads = (cpu.set_threads, cpu.threads())
+                self._power = Power(level, threads)
+            else:
+                self._power.set(level)
+        except PowerError as e:
+            raise EngineError(str(e)) from None
+        for s in self._sessions:
+            s.power = self._power
+
+    @property
+    def power(self) -> int:
+        """The duty-cycle cap in percent (100: none)."""
+        return 100 if self._power is None else self._power.level
+
     @property
     def steering(self):
         """The steering new sessions get (a Steering), or None."""
@@ -480,6 +509,8 @@ class Engine:
         s.drafter = drafts.drafter(self._speculate, self._mtp)
         if self._steering is not None:
             s.set_steering(self._steering)
+        s.power = self._power
+        self._sessions.add(s)
         return s
 
     def close(self) -> None:

@@ -159,11 +159,17 @@ class Session:
     # (engine/batch.py) that runs several sessions' decode steps as one pass.
     batcher: "Batcher | None" = None
 
+    # The engine's duty-cycle cap (engine/power.py), shared by its sessions; None: none.
+    power: Any = None
+
     def _run(self, ids: Sequence[int]) -> None:
+        t = time.perf_counter()
         if self.batcher is not None:
             self.batcher.run(self, ids)
         else:
             self.advance(ids)
+        if self.power is not None:
+            self.power.after(time.perf_counter() - t)
 
     def advance(self, ids: Sequence[int]) -> None:
         """Evaluate ``ids`` after the live tokens, on this thread, and commit (one chunk; no
@@ -411,7 +417,10 @@ class Session:
             out, X = out if hidden else (out, None)
             return state, np.asarray(out, dtype=np.float32), X, trail
 
+        t = time.perf_counter()
         state, logits, X, trail = self._on_engine(verify)
+        if self.power is not None:
+            self.power.after(time.perf_counter() - t)
         kept: list[int] = []
         instead = None
         for i, d in enumerate(ids[1:]):

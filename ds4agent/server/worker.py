@@ -108,6 +108,14 @@ class Worker:
             raise ValueError(f"parallel must be at least 1, got {parallel}")
         self.engine = engine
         self.tok = engine.tokenizer
+        steering = getattr(engine, "steering", None)
+        if store is not None and steering is not None and steering.active:
+            # KV computed under steering is no other configuration's: a folder of its own, so
+            # that neither this server nor an unsteered one reuses the other's.
+            from ..sessions import SessionStore
+
+            store = SessionStore(store.dir / f"steered-{steering.digest}-ffn{steering.ffn:g}-attn{steering.attn:g}",
+                                 store.budget_bytes)
         self.store = store
         self.memory = memory or ToolMemory()
         self.max_queue = max_queue

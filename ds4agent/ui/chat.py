@@ -33,6 +33,8 @@ def status_text(conv: Conversation) -> str:
     experts = f"experts streamed {100 * pool['hit_rate']:.0f}% hit | " if pool is not None else ""
     steer = conv.session.steering
     steering = f"steer {steer.describe()} | " if steer is not None and steer.active else ""
+    power = getattr(conv.engine, "power", 100)
+    steering += f"power {power}% | " if power < 100 else ""
     return (f" {conv.engine.info.name} | ctx {short_count(used)}/{short_count(conv.ctx)} | "
             f"prefill {st.prefill_tps:.1f} t/s | gen {st.gen_tps:.1f} t/s | {experts}{steering}{mode} ")
 

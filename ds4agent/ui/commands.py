@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..conversation import Conversation
+from ..engine.errors import EngineError
 from ..protocol import THINK_MAX_MIN_CTX
 from ..sessions import SessionInfo, SessionStore, StoreError
 from .terminal import BOLD, ID_CHARS, Out, ago, short_count
@@ -35,6 +36,7 @@ COMMANDS = (
     SlashCommand("/new", "start a new conversation"),
     SlashCommand("/history", "[N]: show the last N turns"),
     SlashCommand("/stats", "speed and context use"),
+    SlashCommand("/power", "P: cap the engine's duty cycle at P percent (1-100; 100: no cap)"),
     SlashCommand("/steer", "S | attn S | off: directional steering scale on the FFN outputs (attn: on the "
                  "attention outputs); needs --dir-steering-file"),
     SlashCommand("/compact", "summarise the conversation to free context", ("agent",)),
@@ -141,6 +143,18 @@ class ChatCommands:
             self.out.note(f"unknown command: {cmd}; type /help for commands", error=True)
             return
         handler(arg)
+
+    def cmd_power(self, arg: str) -> None:
+        engine = self.conv.engine
+        if not arg:
+            self.out.note(f"power {engine.power}%")
+            return
+        try:
+            engine.set_power(int(arg) if arg.strip().lstrip("-").isdigit() else arg)
+        except EngineError as e:
+            self.out.note(str(e), error=True)
+            return
+        self.out.note(f"power {engine.power}%" + (" (no cap)" if engine.power == 100 else ""))
 
     def cmd_steer(self, arg: str) -> None:
         """The session's directional steering: its scales changed from the next token on (the
