@@ -236,6 +236,9 @@ def build_parser() -> argparse.ArgumentParser:
                    _add_model(chat)]
     chat.add_argument("--prompt-file", metavar="FILE", help="read the one-shot prompt from FILE")
     chat.add_argument("--system", metavar="TEXT", help="system text placed before the first user turn")
+    chat.add_argument("--prefix-file", metavar="FILE",
+                      help="system text from FILE, evaluated once and kept in the session store: later starts "
+                           "with it (and /new) never prefill it again")
     chat.add_argument("--sessions", metavar="DIR",
                       help="where saved conversations live (default ~/.ds4agent/sessions, or $DS4_SESSIONS)")
     chat_common += _add_thinking(chat, think_max=True)[1:]
@@ -251,6 +254,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     ag = sub.add_parser("agent", help="coding agent working in the current repository")
     _add_model(ag)
+    ag.add_argument("--prefix-file", metavar="FILE",
+                    help="more system text from FILE, after the agent's own; evaluated once with it and kept in the "
+                         "session store")
     agent_common = [
         ag.add_argument("-p", "--prompt", metavar="TASK", help="run one task headless and exit ('-' reads stdin); "
                         "the exit status says why it stopped (see README)"),
@@ -282,6 +288,8 @@ def build_parser() -> argparse.ArgumentParser:
     sv = sub.add_parser("serve", help="OpenAI- and Anthropic-compatible HTTP server (docs/server.md)")
     _add_model(sv)
     _add_thinking(sv, think_max=True)
+    sv.add_argument("--prefix-file", metavar="FILE",
+                    help="system text for requests that bring none, its KV kept in the disk cache (prefilled once)")
     sv.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     sv.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     sv.add_argument("--api-key", metavar="KEY", default=os.environ.get("DS4_API_KEY"),
@@ -535,6 +543,17 @@ def _sampling(args: argparse.Namespace):
         raise UsageError(str(e)) from None
 
 
+def _prefix_text(path: str) -> str:
+    """--prefix-file's system text."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"--prefix-file {path}: {getattr(e, 'strerror', None) or e}") from None
+    if not text.strip():
+        raise UsageError(f"--prefix-file {path}: the file is empty")
+    return text
+
+
 def _interactive(args: argparse.Namespace, choice, sampling) -> int:
     from .conversation import Conversation
     from .sessions import SessionStore
@@ -546,6 +565,11 @@ def _interactive(args: argparse.Namespace, choice, sampling) -> int:
     effective_mode(args.mode, args.ctx, sys.stderr)  # warns; the chat keeps "max" for a later /ctx
     conv = Conversation(engine, mode=args.mode, system=args.system, sampling=sampling, max_tokens=args.tokens)
     store = SessionStore(args.sessions) if args.sessions else SessionStore()
+    if args.prefix_file:
+        conv.reset(system=_prefix_text(args.prefix_file))
+        n = conv.prime(store)
+        _say(f"prefix {args.prefix_file}: " + (f"{n} tokens prefilled and kept in {store.dir}" if n else
+                                                "its KV read from the session store (no prefill)"))
     if is_interactive(sys.stdin, sys.stdout):
         banner = (f"ds4agent {__version__} | {engine.info.name} | context {args.ctx} tokens | "
                   f"{engine.info.backend} ({engine.info.kernels} kernels)")
@@ -563,6 +587,10 @@ def cmd_chat(args: argparse.Namespace) -> int:
                              "(-p or --prompt-file)")
     if not 1 <= args.logprobs_top_k <= 128:
         raise UsageError(f"--logprobs-top-k must be in 1..128, got {args.logprobs_top_k}")
+    if args.prefix_file and args.system:
+        raise UsageError("give --system TEXT or --prefix-file FILE, not both")
+    if args.prefix_file and prompt is not None:
+        args.system = _prefix_text(args.prefix_file)  # one prompt: the prefix is its system text
     sampling = _sampling(args)
     choice = resolve_model(args.model)
     if choice.is_demo:
@@ -664,7 +692,8 @@ def _run_agent(args: argparse.Namespace, task: str | None, interactive: bool, ws
     if note:
         _say(note)
     agent = Agent(engine, ws, policy, None, sampling=sampling, max_tokens=args.tokens, mode=args.mode,
-                  extra_tools=setup.tools(), instructions=setup.instructions)
+                  extra_tools=setup.tools(), instructions=setup.instructions,
+                  prefix=_prefix_text(args.prefix_file) if args.prefix_file else None)
     err = Out(sys.stderr, tty=False)
     agent.prime(store)
     if args.resume is not None:
@@ -707,12 +736,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if choice.is_demo:
         _stderr().line(DEMO_BANNER)
     asked = None if args.parallel == "auto" else _positive(args.parallel, "--parallel")
+    system = _prefix_text(args.prefix_file) if args.prefix_file else None
     engine = _open_engine(choice.path, args, args.ctx)
     parallel = _slots(engine, asked)
     store = None
     if not args.no_disk_cache:
         store = SessionStore(args.sessions) if args.sessions else SessionStore()
-    opts = ServerOptions(Defaults(sampling, args.tokens, args.mode, args.ctx), api_key=args.api_key, cors=args.cors,
+    opts = ServerOptions(Defaults(sampling, args.tokens, args.mode, args.ctx, system), api_key=args.api_key,
+                         cors=args.cors,
                          max_queue=args.queue, min_save_tokens=args.cache_min_tokens, store=store, parallel=parallel)
     return serve(engine, opts, args.host, args.port)
 

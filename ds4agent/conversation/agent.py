@@ -135,7 +135,10 @@ def _mention_text(p: Path, name: str) -> tuple[str | None, str]:
 class Agent:
     def __init__(self, engine: "Engine", ws: Workspace, policy: Policy, approve: Approver | None,
                  sampling: SamplingParams = SamplingParams(), max_tokens: int = 8192, mode: str = "thinking",
-                 extra_tools: Iterable[Tool] = (), instructions: Instructions | None = None) -> None:
+                 extra_tools: Iterable[Tool] = (), instructions: Instructions | None = None,
+                 prefix: str | None = None) -> None:
+        """``prefix``: more system text (--prefix-file), after the agent's own; evaluated once
+        with it (prime)."""
         self.ws = ws
         self.policy = policy
         self.approve = approve
@@ -144,7 +147,8 @@ class Agent:
             self.tools.setdefault(t.name, t)
         self.instructions = instructions if instructions is not None else Instructions(ws.root)
         self._refusals = 0  # actions refused by the policy during the current run
-        self.conv = Conversation(engine, mode=mode, system=system_prompt(ws, self.instructions), sampling=sampling,
+        system = system_prompt(ws, self.instructions) + (f"\n\n{prefix.strip()}" if prefix and prefix.strip() else "")
+        self.conv = Conversation(engine, mode=mode, system=system, sampling=sampling,
                                  max_tokens=max_tokens, tools=[t.schema() for t in self.tools.values()])
         # The current run's token counts (headless stream-json's usage) and its change set
         # (the workspace journal's step, for /undo and commits); see run().
@@ -154,7 +158,6 @@ class Agent:
         self.conv.stop = ws.stop  # one flag: stopping the agent also kills a running shell command
         self._last_call: tuple[str, str] | None = None
         self._dsml_error: str | None = None
-        self._system_blob: bytes | None = None  # KV snapshot of the system prompt (see prime)
         self._held: tuple | None = None  # tool results waiting after an interrupt (_hold_results)
 
     # -- one user request, until the model stops calling tools ----------------------------------
@@ -369,46 +372,14 @@ class Agent:
         return True
 
     # -- the system prompt's KV ------------------------------------------------------------
-    def _system_message(self) -> dict:
-        return {"role": "system", "content": self.conv.system, "tools": self.conv.tools}
-
     def prime(self, store=None) -> int:
-        """Evaluate the system prompt once: from the session store when it holds it (no
-        prefill), else by prefilling and saving it. Later conversations start from a copy.
-        Returns the number of tokens prefilled."""
-        from ..sessions import StoreError
-
-        conv = self.conv
-        conv.reset(system=conv.system)
-        conv.transcript.append(self._system_message())
-        tokens = conv.transcript.tokens
-        prefilled = 0
-        loaded = False
-        sha = store.saved(conv.tok.decode_bytes(tokens)) if store is not None else None
-        if sha is not None:
-            try:
-                store.load(sha, conv.session)
-                loaded = conv.session.tokens == tokens
-            except StoreError:  # a damaged cache file: prefill instead
-                loaded = False
-        if not loaded:
-            prefilled = conv.session.sync(tokens)
-            if store is not None:
-                try:
-                    store.save(conv.session, "agent-system")
-                except StoreError:
-                    pass  # caching is an optimisation; the agent works without it
-        self._system_blob = conv.session.snapshot()
-        conv.dirty = False
-        return prefilled
+        """Evaluate the system prompt once (Conversation.prime): from the session store when it
+        holds it, else prefilled and saved. Returns the number of tokens prefilled."""
+        return self.conv.prime(store)
 
     def new_conversation(self) -> None:
         """Back to just the system prompt, restored from its snapshot (no prefill)."""
-        conv = self.conv
-        conv.reset(system=conv.system)
-        conv.transcript.append(self._system_message())
-        if self._system_blob is not None:
-            conv.session.restore(self._system_blob)
+        self.conv.restart()
         self._last_call = None
 
     def adopt_session(self) -> str:

@@ -66,6 +66,7 @@ class Conversation:
         self.max_tokens = max_tokens
         self.mode = mode  # "chat" | "thinking" | "max"
         self.stats = Stats()
+        self._system_blob: bytes | None = None  # KV snapshot of the system prompt (see prime)
         self.dirty = False  # changed since the last save or load
         self.stop = threading.Event()  # set to end the running turn at the next token boundary
         self._turn: _Turn | None = None
@@ -101,10 +102,62 @@ class Conversation:
         self.transcript.reasoning_effort = effort
 
     def reset(self, system: str | None = None) -> None:
+        if system != self.system:
+            self._system_blob = None  # another system prompt: the primed KV is not its
         self.system = system
         self.session.reset()
         self._new_transcript()
         self.dirty = False
+
+    # -- a system prompt evaluated once ----------------------------------------------------------
+    def _system_message(self) -> dict:
+        return {"role": "system", "content": self.system, **({"tools": self.tools} if self.tools else {})}
+
+    @property
+    def primed(self) -> bool:
+        """Whether ``prime`` holds the system prompt's KV (restart starts from it)."""
+        return self._system_blob is not None
+
+    def prime(self, store=None) -> int:
+        """Evaluate the system prompt (the system text and the tools it announces) once: from
+        the session store when it holds it (no prefill), else by prefilling it and saving it
+        there as a shared start ("agent-system": the store keeps it whatever else it drops).
+        Conversations after it (``restart``) start from a copy of its KV. Returns the number of
+        tokens prefilled; 0 and nothing held when there is no system prompt."""
+        from ..sessions import StoreError
+
+        self.reset(system=self.system)
+        if not self.system and not self.tools:
+            return 0
+        self.transcript.append(self._system_message())
+        tokens = self.transcript.tokens
+        prefilled = 0
+        loaded = False
+        sha = store.saved(self.tok.decode_bytes(tokens)) if store is not None else None
+        if sha is not None:
+            try:
+                store.load(sha, self.session)
+                loaded = self.session.tokens == tokens
+            except StoreError:  # a damaged cache file: prefill instead
+                loaded = False
+        if not loaded:
+            prefilled = self.session.sync(tokens)
+            if store is not None:
+                try:
+                    store.save(self.session, "agent-system")
+                except StoreError:
+                    pass  # caching is an optimisation; the conversation works without it
+        self._system_blob = self.session.snapshot()
+        self.dirty = False
+        return prefilled
+
+    def restart(self) -> None:
+        """A new conversation: back to the primed system prompt (its KV restored, no prefill),
+        or to nothing when none was primed."""
+        self.reset(system=self.system)
+        if self._system_blob is not None:
+            self.transcript.append(self._system_message())
+            self.session.restore(self._system_blob)
 
     def set_context(self, ctx: int) -> None:
         """New context size: the KV is dropped, the transcript kept (the next turn re-prefills);
@@ -112,6 +165,7 @@ class Conversation:
         steering = self.session.steering
         self.session = self.engine.session(ctx=ctx)
         self.session.set_steering(steering)
+        self._system_blob = None  # a snapshot is of one context size
 
     def mark(self) -> "Mark":
         """Capture the conversation (transcript, KV, settings) so that ``restore`` can undo

@@ -111,6 +111,9 @@ class Server:
         self.longest_token = max(len(self.tok.token_bytes(t)) for t in range(self.tok.vocab_size))
         self.worker = Worker(engine, options.store, options.max_queue, options.min_save_tokens,
                              parallel=options.parallel)
+        if options.defaults.system:  # --prefix-file: its KV in the disk cache, once
+            prefix = render([{"role": "system", "content": options.defaults.system}])
+            self.worker.prime(self.tok.encode_rendered(prefix))
         self.counter = 0
 
     # -- request plumbing ---------------------------------------------------------------------

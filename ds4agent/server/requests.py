@@ -31,6 +31,7 @@ class Defaults:
     max_tokens: int = 32768
     mode: str = "thinking"  # "thinking" | "chat" | "max": when the request does not say
     ctx: int = 32768
+    system: str | None = None  # --prefix-file: the system text of requests that bring none
 
 
 @dataclass
@@ -199,6 +200,12 @@ def _base(api: str, body: dict, d: Defaults, messages: list[dict] | None, prompt
     _check(isinstance(stream, bool) or stream is None, "stream must be a boolean", "stream")
     model = body.get("model") or "deepseek-v4-flash"
     _check(isinstance(model, str), "model must be a string", "model")
+    if messages is not None and d.system:  # the server's default system text, where the client gave none
+        if messages and messages[0]["role"] == "system":
+            if not messages[0].get("content"):
+                messages = [{**messages[0], "content": d.system}, *messages[1:]]
+        else:
+            messages = [{"role": "system", "content": d.system}, *messages]
     spec = Spec(api, messages, prompt, mode, effort, sampling, max_tokens, bool(stream), model, stop)
     spec.steering = _steering(body)
     return spec

@@ -158,6 +158,25 @@ class Worker:
         st = base.scaled(**asked)
         return None if (st.attn, st.ffn) == (base.attn, base.ffn) else st
 
+    def prime(self, ids: list[int]) -> bool:
+        """--prefix-file: the default system prompt's KV (tokens ``ids``) in the disk cache as a
+        shared start ("agent-system"), prefilled only when the cache does not hold it already,
+        so requests that begin with it prefill only what follows. Whether it was prefilled now."""
+        if self.store is None:
+            return False
+        text = self.tok.decode_bytes(ids)
+        with self.store_lock:
+            if self.store.saved(text) is not None:
+                return False
+            session = self.engine.session()
+            session.sync(ids)
+            try:
+                self.store.save(session, "agent-system")
+            except StoreError as e:
+                log.warning("prefix: not kept in the cache: %s", e)
+        log.info("prefix: %d tokens prefilled and kept in the cache", len(ids))
+        return True
+
     @property
     def session(self) -> "Session":
         """The first slot's session (with one slot: the server's only one)."""

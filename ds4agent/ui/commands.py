@@ -264,7 +264,7 @@ class ChatCommands:
 
     def cmd_new(self, arg: str) -> None:
         self.offer_save()
-        self.conv.reset(system=self.conv.system)
+        self.conv.restart()  # from the primed system prompt (--prefix-file) when there is one
         self.out.note("new conversation")
 
     def cmd_history(self, arg: str) -> None:
