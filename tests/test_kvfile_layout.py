@@ -12,6 +12,7 @@ import dataclasses
 import errno
 import fcntl
 import hashlib
+import json
 import os
 import re
 import socket
@@ -275,7 +276,7 @@ def test_a_good_file_reads_back_in_every_reader(tmp_path: Path) -> None:
     assert (f.header, f.text, bytes(f.payload), f.tool_map) == (expected, TEXT, _payload(LOW), tools)
     assert kv.read_header(p) == (expected, TEXT)
     assert kv.read_header(p, with_text=False) == (expected, b"")
-    assert kv.read_summary(p) == (expected, hashlib.sha1(TEXT).hexdigest(), TEXT, len(data))
+    assert kv.read_summary(p) == (expected, hashlib.sha1(TEXT).hexdigest(), TEXT, len(data), None)
     with KVReader(p) as r:
         assert (r.size, r.header, r.payload_header) == (len(data), expected, PHEADER)
         assert r.text() == TEXT
@@ -656,3 +657,27 @@ def test_a_reader_on_descriptor_zero_closes_it(tmp_path: Path) -> None:
     finally:
         os.dup2(saved, 0)
         os.close(saved)
+
+
+def test_a_steering_record_reads_back_and_a_damaged_one_is_refused(tmp_path: Path) -> None:
+    """Our extension: the steering record (JSON, then a footer) between the tool map and the
+    checksum: read by every reader without the payload; the tool map before it intact."""
+    record = {"name": "verbosity", "digest": "0123456789ab", "ffn": 1.0, "attn": 0.0}
+    header = KVHeader(4, 6, 0, N, 0, 4096, 0xCAFE, 10, 20, 0, 0)
+    tools = {"call_1": b"<x/>"}
+    data = kv.KVFile(header, TEXT, _payload(LOW), tools, json.dumps(record).encode()).to_bytes()
+    p = _write(tmp_path, data)
+    f = kv.read_file(p)
+    assert f.header.flags == MAP | CHECKSUM | kv.FLAG_STEERING and f.tool_map == tools
+    assert json.loads(f.steering) == record and bytes(f.payload) == _payload(LOW)
+    assert kv.read_summary(p)[4] == record
+    with KVReader(p) as r:
+        assert r.tool_map() == tools and r.steering() == record
+    bad = bytearray(data)
+    footer = len(bad) - kv.CHECKSUM_SIZE - kv.STEERING_FOOTER.size
+    bad[footer + 4 : footer + 7] = b"XXX"
+    q = _write(tmp_path, bytes(bad), "bad")
+    with pytest.raises(kv.KVFileError, match="corrupt steering record"):
+        kv.read_summary(q)
+    with pytest.raises(kv.KVFileError, match="checksum mismatch|corrupt steering"):
+        kv.read_file(q)

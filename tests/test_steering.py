@@ -228,3 +228,34 @@ def test_the_server_steers_per_request(demo_path, tmp_path) -> None:
             assert ask(st) == steered  # and back: the server's steering, its cache intact
             with pytest.raises(openai.BadRequestError, match="dir_steering must be"):
                 ask(st, {"dir_steering": {"mlp": 1}})
+
+
+def test_saved_sessions_record_their_steering(demo_path, tmp_path) -> None:
+    """The steering in force is kept with a saved session: /list shows it, and resuming it under
+    other steering says so (the KV keeps what it was computed with)."""
+    import io
+
+    from ds4agent.conversation.turns import Conversation
+    from ds4agent.sessions import SessionStore
+    from ds4agent.ui.chat import run_pipe
+
+    with Engine.open(demo_path, backend="cpu", ctx=512, kernels="cpu-exact") as e:
+        _directions(e, 6).astype("<f4").tofile(tmp_path / "calm.f32")
+        e.set_steering(tmp_path / "calm.f32", ffn=1.5)
+        store = SessionStore(tmp_path / "s")
+        conv = Conversation(e, mode="chat", sampling=GREEDY, max_tokens=4)
+        out, err = io.StringIO(), io.StringIO()
+        run_pipe(conv, store, io.StringIO("Hello\n/save\n/list\n"), out, err)
+        assert "[steered: calm ffn 1.5 attn 0]" in out.getvalue()
+        (info,) = store.list()
+        assert info.steering == {"name": "calm", "digest": e.steering.digest, "ffn": 1.5, "attn": 0.0}
+        other = Conversation(e, mode="chat", sampling=GREEDY, max_tokens=4)
+        out, err = io.StringIO(), io.StringIO()
+        run_pipe(other, store, io.StringIO(f"/switch {info.sha[:8]}\n/steer 0.5\n"), out, err)
+        assert "this session was saved under" not in err.getvalue() + out.getvalue()  # the same steering
+        run_pipe(other, store, io.StringIO("/save\n"), out, err)
+        fresh = Conversation(e, mode="chat", sampling=GREEDY, max_tokens=4)
+        out, err = io.StringIO(), io.StringIO()
+        run_pipe(fresh, store, io.StringIO(f"/switch {info.sha[:8]}\n"), out, err)
+        said = err.getvalue() + out.getvalue()
+        assert "this session was saved under calm ffn 0.5 attn 0; it goes on under calm ffn 1.5 attn 0" in said

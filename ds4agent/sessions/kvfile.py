@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import os
 import stat
 import struct
@@ -33,6 +34,14 @@ FLAG_TOOLMAP = 1
 FLAG_CHECKSUM = 8
 CHECKSUM_MAGIC = b"KCS"
 CHECKSUM_SIZE = 4 + 20
+
+# Our extension: the directional steering the KV was computed under (engine/steering.py), as
+# a JSON object, placed after the tool map and before the checksum, ending in a footer
+# (u32 length, "KSR", version 1) so that a listing reads it from the end without the payload.
+FLAG_STEERING = 16
+STEERING_MAGIC = b"KSR"
+STEERING_FOOTER = struct.Struct("<I3sB")
+MAX_STEERING = 4096
 
 REASONS = {"unknown": 0, "cold": 1, "continued": 2, "evict": 3, "shutdown": 4, "agent-system": 5, "agent-session": 6}
 REASON_NAMES = {v: k for k, v in REASONS.items()}
@@ -97,6 +106,7 @@ class KVFile:
     text: bytes
     payload: bytes | memoryview  # read_file: a view into the one buffer holding the file
     tool_map: dict[str, bytes] = field(default_factory=dict)  # tool-call id -> exact DSML bytes
+    steering: bytes = b""  # the steering record (JSON), or none
 
     def sha(self) -> str:
         return text_sha(self.text)
@@ -105,13 +115,18 @@ class KVFile:
         h = self.header
         h.text_bytes = len(self.text)
         h.payload_bytes = len(self.payload)
-        h.flags = (h.flags & ~FLAG_TOOLMAP) | (FLAG_TOOLMAP if self.tool_map else 0) | FLAG_CHECKSUM
+        if len(self.steering) > MAX_STEERING:
+            raise ValueError(f"steering record of {len(self.steering)} bytes (at most {MAX_STEERING})")
+        h.flags = ((h.flags & ~(FLAG_TOOLMAP | FLAG_STEERING)) | (FLAG_TOOLMAP if self.tool_map else 0)
+                   | (FLAG_STEERING if self.steering else 0) | FLAG_CHECKSUM)
         parts = [h.pack(), self.text, self.payload]
         if self.tool_map:
             parts.append(TOOLMAP_MAGIC + bytes([1]) + struct.pack("<I", len(self.tool_map)))
             for ident, dsml in self.tool_map.items():
                 raw = ident.encode("utf-8")
                 parts += [struct.pack("<II", len(raw), len(dsml)), raw, dsml]
+        if self.steering:
+            parts += [self.steering, STEERING_FOOTER.pack(len(self.steering), STEERING_MAGIC, 1)]
         body = b"".join(parts)
         return body + CHECKSUM_MAGIC + bytes([1]) + _checksum(body)
 
@@ -162,7 +177,12 @@ def _parse_header(raw: bytes, path: str, file_size: int) -> KVHeader:
     if rest < trailer:
         raise KVFileError(f"{path}: truncated session file (checksum trailer missing)")
     extra = rest - trailer
-    if flags & FLAG_TOOLMAP:
+    if flags & FLAG_STEERING:  # a steering record (1..MAX_STEERING bytes and its footer), after any tool map
+        tools = (8, MAX_TOOLMAP) if flags & FLAG_TOOLMAP else (0, 0)
+        lo, hi = tools[0] + 1 + STEERING_FOOTER.size, tools[1] + MAX_STEERING + STEERING_FOOTER.size
+        if not lo <= extra <= hi:
+            raise KVFileError(f"{path}: corrupt tool-id map or steering record ({extra} bytes)")
+    elif flags & FLAG_TOOLMAP:
         if not 8 <= extra <= MAX_TOOLMAP:
             raise KVFileError(f"{path}: corrupt tool-id map ({extra} bytes)")
     elif extra:
@@ -349,10 +369,38 @@ class KVReader:
         if not h.flags & FLAG_TOOLMAP:
             return {}
         start = h.payload_offset + h.payload_bytes
-        end = self.size - (CHECKSUM_SIZE if h.flags & FLAG_CHECKSUM else 0)
+        span = self._steering_span()
+        end = span[0] if span is not None else self.size - (CHECKSUM_SIZE if h.flags & FLAG_CHECKSUM else 0)
         if not 8 <= end - start <= MAX_TOOLMAP:
             raise KVFileError(f"{self.path}: corrupt tool-id map")
         return _parse_toolmap(self.pread(start, end - start), self.path)
+
+    def _steering_span(self) -> tuple[int, int] | None:
+        """(start, end) of the steering record's JSON, from its footer; None without one."""
+        h = self.header
+        if not h.flags & FLAG_STEERING:
+            return None
+        foot_end = self.size - (CHECKSUM_SIZE if h.flags & FLAG_CHECKSUM else 0)
+        raw = self.pread(foot_end - STEERING_FOOTER.size, STEERING_FOOTER.size)
+        n, magic, version = STEERING_FOOTER.unpack(raw) if len(raw) == STEERING_FOOTER.size else (0, b"", 0)
+        start = foot_end - STEERING_FOOTER.size - n
+        if magic != STEERING_MAGIC or version != 1 or not 0 < n <= MAX_STEERING or \
+                start < h.payload_offset + h.payload_bytes:
+            raise KVFileError(f"{self.path}: corrupt steering record")
+        return start, foot_end - STEERING_FOOTER.size
+
+    def steering(self) -> dict | None:
+        """The steering the KV was computed under (engine/steering.py's record), None for none."""
+        span = self._steering_span()
+        if span is None:
+            return None
+        try:
+            record = json.loads(self.pread(span[0], span[1] - span[0]))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            raise KVFileError(f"{self.path}: corrupt steering record") from None
+        if not isinstance(record, dict):
+            raise KVFileError(f"{self.path}: corrupt steering record")
+        return record
 
     def read(self) -> KVFile:
         """The whole file in one buffer, read once: text is copied out (small), the payload is
@@ -383,8 +431,12 @@ class KVReader:
         text = bytes(view[h.text_offset : h.payload_offset])
         pend = h.payload_offset + h.payload_bytes
         payload = view[h.payload_offset : pend]
+        steering = b""
+        span = self._steering_span()
+        if span is not None:
+            steering, end = bytes(view[span[0] : span[1]]), span[0]
         tool_map = _parse_toolmap(view[pend:end], path) if h.flags & FLAG_TOOLMAP else {}
-        return KVFile(h, text, payload, tool_map)
+        return KVFile(h, text, payload, tool_map, steering)
 
 
 def read_header(path: str | os.PathLike[str], with_text: bool = True) -> tuple[KVHeader, bytes]:
@@ -393,12 +445,12 @@ def read_header(path: str | os.PathLike[str], with_text: bool = True) -> tuple[K
         return r.header, (r.text() if with_text else b"")
 
 
-def read_summary(path: str | os.PathLike[str]) -> tuple[KVHeader, str, bytes, int]:
+def read_summary(path: str | os.PathLike[str]) -> tuple[KVHeader, str, bytes, int, dict | None]:
     """What a listing needs, in bounded memory: header, SHA-1 of the text, the text's first
-    megabyte (for the title) and the file's size, all from one opened file."""
+    megabyte (for the title), the file's size and its steering record, all from one opened file."""
     with KVReader(path) as r:
         sha, head = r.text_summary()
-        return r.header, sha, head, r.size
+        return r.header, sha, head, r.size, r.steering()
 
 
 def read_file(path: str | os.PathLike[str]) -> KVFile:

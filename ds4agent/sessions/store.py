@@ -24,6 +24,7 @@ import dataclasses
 import errno
 import fcntl
 import hashlib
+import json
 import os
 import re
 import stat
@@ -87,6 +88,13 @@ class SessionInfo:
     stripped: bool
     path: Path
     text_bytes: int = 0  # length of the rendered text (prefix lookups compare hashes of it)
+    steering: dict | None = None  # the directional steering the KV was computed under (engine/steering.py)
+
+    @property
+    def steering_text(self) -> str:
+        """"verbosity ffn 1 attn 0", or "" when unsteered."""
+        s = self.steering
+        return "" if not s else f"{s.get('name', '?')} ffn {s.get('ffn', 0):g} attn {s.get('attn', 0):g}"
 
 
 def default_directory() -> Path:
@@ -250,7 +258,10 @@ class SessionStore:
             info = session.info
             header = KVHeader(info.expert_quant_bits, REASONS[reason], 0, len(tokens), hits, session.ctx,
                               info.fingerprint, created, now, 0, 0)
-            data = KVFile(header, text, session.snapshot(), tools).to_bytes()
+            steering = getattr(session, "steering", None)
+            record = json.dumps(steering.record(), ensure_ascii=False).encode() \
+                if steering is not None and steering.active else b""
+            data = KVFile(header, text, session.snapshot(), tools, record).to_bytes()
             self._write_atomic(path, data)
             del data
             self._drop_prefixes(sha, text)
@@ -292,10 +303,10 @@ class SessionStore:
 
     @staticmethod
     def _info(p: Path) -> SessionInfo:
-        h, sha, head, size = read_summary(p)
+        h, sha, head, size, steering = read_summary(p)
         if sha != p.stem:
             raise KVFileError(f"{p}: name does not match its text (renamed or corrupt); skipped")
-        return _make_info(p, h, head, size)
+        return _make_info(p, h, head, size, steering)
 
     def list(self) -> list[SessionInfo]:
         """Readable sessions, most recently used first; unreadable files go to ``problems``
@@ -399,6 +410,7 @@ class SessionStore:
                                  f"this session has {session.ctx}")
             session.sync(ids)
         text = f.text
+        steering = json.loads(f.steering) if f.steering else None
         del f  # the file's buffer; the session now holds its own state
         # From here on the load has succeeded: what is returned comes from what was read (the
         # file may be gone already, dropped by another process's save), and counting the hit
@@ -406,7 +418,7 @@ class SessionStore:
         touched = self._touch(sha)
         if touched is not None:
             h = dataclasses.replace(h, hits=touched.hits, last_used=touched.last_used)
-        return _make_info(path, h, text[:READ_CHUNK], size)
+        return _make_info(path, h, text[:READ_CHUNK], size, steering)
 
     def _touch(self, sha: str) -> KVHeader | None:
         """Count a hit and update last-used, in place (the header is fixed-size). Returns the
@@ -503,9 +515,9 @@ class SessionStore:
             total -= i.size
 
 
-def _make_info(p: Path, h: KVHeader, head: bytes, size: int) -> SessionInfo:
+def _make_info(p: Path, h: KVHeader, head: bytes, size: int, steering: dict | None = None) -> SessionInfo:
     return SessionInfo(p.stem, title_of(head), h.created, h.last_used, h.tokens, size, h.quant_bits, h.hits,
-                       REASON_NAMES.get(h.reason, "unknown"), h.payload_bytes == 0, p, h.text_bytes)
+                       REASON_NAMES.get(h.reason, "unknown"), h.payload_bytes == 0, p, h.text_bytes, steering)
 
 
 def _prefixes_of(text: bytes, infos: list[SessionInfo]) -> Iterator[SessionInfo]:

@@ -84,8 +84,19 @@ def saved_sessions(store: SessionStore, out: Out) -> list[SessionInfo]:
 
 def session_line(i: SessionInfo) -> str:
     flag = " (text only)" if i.stripped else ""
+    steer = f" [steered: {i.steering_text}]" if i.steering else ""
     return (f"{i.sha[:ID_CHARS]}  {session_kind(i.reason):<5}  {ago(i.last_used):>9}  "
-            f"{short_count(i.tokens):>6} tok  {i.title}{flag}")
+            f"{short_count(i.tokens):>6} tok  {i.title}{flag}{steer}")
+
+
+def steering_change(saved: dict | None, now) -> str:
+    """What to say when a saved session goes on under other steering than its KV was made
+    under ("" when the same): ``saved`` its record, ``now`` the session's Steering or None."""
+    current = now.record() if now is not None and now.active else None
+    if saved == current:
+        return ""
+    was = f"{saved.get('name')} ffn {saved.get('ffn', 0):g} attn {saved.get('attn', 0):g}" if saved else "no steering"
+    return f"this session was saved under {was}; it goes on under {now.describe() if current else 'no steering'}"
 
 
 def load_session(store: SessionStore, sha: str, conv: Conversation, out: Out) -> SessionInfo | None:
@@ -98,6 +109,9 @@ def load_session(store: SessionStore, sha: str, conv: Conversation, out: Out) ->
         return None
     conv.adopt_session()
     out.note(f"resumed {sha[:ID_CHARS]}: {info.title} ({short_count(info.tokens)} tokens, no prefill needed)")
+    change = steering_change(info.steering, conv.session.steering)
+    if change:
+        out.note(change)
     return info
 
 
