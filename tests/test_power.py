@@ -17,18 +17,35 @@ from ds4agent.engine.power import Power, PowerError
 def test_the_pause_and_the_threads_follow_the_level(monkeypatch) -> None:
     slept: list[float] = []
     monkeypatch.setattr("ds4agent.engine.power.time.sleep", slept.append)
-    threads: list[int] = []
-    p = Power(100, (threads.append, 16))
+    p = Power(100)
     p.after(0.2)
-    assert slept == [] and threads == [16]  # 100: nothing
+    assert slept == []  # 100: nothing
     p.set(25)
     p.after(0.2)
-    assert slept == [pytest.approx(0.6)] and threads[-1] == 4 and p.slept == pytest.approx(0.6)
-    p.set(1)
-    assert threads[-1] == 1  # never fewer than one
+    assert slept == [pytest.approx(0.6)] and p.slept == pytest.approx(0.6)  # a pass and its pause: 4 x the pass
     for bad in (0, 101, 50.0, True, "50"):
         with pytest.raises(PowerError, match="1..100"):
             p.set(bad)
+
+
+def test_fewer_threads_and_the_pause_do_not_compound(monkeypatch) -> None:
+    """On the CPU kernels: the full thread count's step is measured first, then threads are
+    taken away, and a step made slower by that is paused for less (the rate stays P%)."""
+    slept: list[float] = []
+    monkeypatch.setattr("ds4agent.engine.power.time.sleep", slept.append)
+    threads: list[int] = []
+    p = Power(50, (threads.append, 16))
+    assert threads == []  # nothing measured yet: all threads for the first step
+    p.after(0.1)  # a full-power step: 0.1 s
+    assert threads == [8] and slept == [pytest.approx(0.1)]
+    p.after(0.15)  # on 8 threads a step takes 1.5x as long: the cycle stays 0.2 s
+    assert slept[-1] == pytest.approx(0.05)
+    p.after(1.0, tokens=64)  # a prefill chunk: scaled by the same measured slowdown
+    assert slept[-1] == pytest.approx(1.0 / 1.5 * 2 - 1.0)
+    p.set(1)
+    assert threads[-1] == 1  # never fewer than one
+    p.set(100)
+    assert threads[-1] == 16
 
 
 def test_every_session_passes_through_it(demo_path, monkeypatch, tmp_path) -> None:

@@ -169,7 +169,7 @@ class Session:
         else:
             self.advance(ids)
         if self.power is not None:
-            self.power.after(time.perf_counter() - t)
+            self.power.after(time.perf_counter() - t, len(ids))
 
     def advance(self, ids: Sequence[int]) -> None:
         """Evaluate ``ids`` after the live tokens, on this thread, and commit (one chunk; no
@@ -420,7 +420,7 @@ class Session:
         t = time.perf_counter()
         state, logits, X, trail = self._on_engine(verify)
         if self.power is not None:
-            self.power.after(time.perf_counter() - t)
+            self.power.after(time.perf_counter() - t, len(ids))
         kept: list[int] = []
         instead = None
         for i, d in enumerate(ids[1:]):
