@@ -191,8 +191,11 @@ class MtpDrafter(_Adaptive):
         held += len(hidden)
         keep = self.block.window + 1
         if held > keep:
-            whole = self.block.model.xp.concatenate(self._streams, axis=0) if len(self._streams) > 1 else hidden
-            self._streams, self._first = [whole[held - keep :]], self._first + held - keep
+            xp = self.block.model.xp
+            whole = xp.concatenate(self._streams, axis=0) if len(self._streams) > 1 else hidden
+            kept = whole[held - keep :]
+            xp.eval(kept)  # (MLX: evaluated now, or each step would lengthen one lazy graph)
+            self._streams, self._first = [kept], self._first + held - keep
             if self._last is not None:
                 self._restart()
 
