@@ -366,7 +366,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--json", metavar="FILE", help="write the report (every grade, the counts per suite) as JSON")
     ev.add_argument("--nothink", action="store_true", help="answer without reasoning (default: thinking)")
     ev.add_argument("--self-test", action="store_true", help="run the answer extractors' self-tests and exit")
-    _add_generation(ev, 0, "unused: each case has its own token budget", 32768)
+    _add_generation(ev, 0, "at most N tokens per case (0: each case's own budget; a slow machine may want less)",
+                    32768)
     ev.set_defaults(temp=0.0)
 
     ins = sub.add_parser("inspect", help="describe a model file without loading its weights")
@@ -931,12 +932,18 @@ def _eval_run(args: argparse.Namespace, chosen, out):
 
     if args.trace and Path(args.trace).exists():
         raise UsageError(f"{args.trace}: already exists (a trace is never overwritten; name another file)")
+    if args.tokens < 0:
+        raise UsageError(f"-n must be at least 0, got {args.tokens}")
+    if args.tokens:
+        from dataclasses import replace
+
+        chosen = [replace(c, budget=min(c.budget, args.tokens)) for c in chosen]
     choice = resolve_model(args.model)
     sampling = _sampling(argparse.Namespace(**{**vars(args), "tokens": 1}))
     engine = _open_engine(choice.path, args, args.ctx)
     mode = "chat" if args.nothink else "thinking"
     head = {"model": str(choice.path), "kernels": engine.info.kernels, "backend": engine.info.backend,
-            "mode": mode, "temperature": sampling.temperature, "ctx": args.ctx}
+            "mode": mode, "temperature": sampling.temperature, "ctx": args.ctx, "token_cap": args.tokens or None}
     if "ds4agent demo model" in str(engine.file.get("general.description", "")):
         _say(f"{choice.path.name} is a model ds4agent generated (random weights): expect every case to fail")
     records, graded = [], []

@@ -91,10 +91,10 @@ def test_cases_run_on_the_demo_model_and_the_trace_regrades(demo_path, tmp_path,
             if c.kind == "check":
                 assert rec["check_ok"] is False and "check_output" in rec
     trace, report = tmp_path / "t.jsonl", tmp_path / "r.json"
-    base = ["eval", "-m", str(demo_path), "--ctx", "4096", "--case", "product"]
+    base = ["eval", "-m", str(demo_path), "--ctx", "4096", "--case", "product", "-n", "256"]
     assert main(base + ["--trace", str(trace), "--json", str(report)]) == 1
     out = capsys.readouterr().out
-    assert "FAIL reasoning/product" in out and "all          0/1" in out
+    assert "FAIL reasoning/product" in out and "all          0/1" in out and "(256 tokens" in out
     r = json.loads(report.read_text())
     assert r["cases"] == 1 and r["passed"] == 0 and r["results"][0]["id"] == "product" and r["mode"] == "thinking"
     assert main(base + ["--trace", str(trace)]) == 2  # a trace is never overwritten

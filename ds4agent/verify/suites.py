@@ -22,7 +22,9 @@ class Case:
     kind: str  # what is graded: choice, integer, exact, lines (extract.py), test (code), check (tools)
     prompt: str
     expect: str  # the extracted answer that passes; for test/check: what passing means
-    budget: int = 2048  # tokens the answer may take (reasoning included)
+    # tokens the answer may take, reasoning included (thinking on a short problem takes the real
+    # model hundreds to a few thousand tokens; a cap reached is a failed case, "length")
+    budget: int = 4096
     tests: str = ""  # code: Python appended to the answer's code, run; it must exit 0
     files: dict[str, str] = field(default_factory=dict)  # tools: the repository's files
     check: str = ""  # tools: a Python script run in the repository afterwards; exit 0 passes
@@ -55,27 +57,30 @@ REASONING = [
 ]
 
 _CODE = " Write it in Python in one ```python block; the tests import nothing else from you."
+_CODE_BUDGET = 6144
 
 CODE = [
     Case("palindrome", "code", "test",
          "Write a function is_palindrome(s: str) -> bool that tells whether s reads the same backwards, ignoring "
-         "case and every character that is not a letter or a digit." + _CODE, "its tests pass",
+         "case and every character that is not a letter or a digit." + _CODE, "its tests pass", budget=_CODE_BUDGET,
          tests="assert is_palindrome('A man, a plan, a canal: Panama')\nassert not is_palindrome('ds4 agent')\n"
                "assert is_palindrome('')\nassert is_palindrome('No lemon, no melon')\n"),
     Case("fizzbuzz", "code", "test",
          "Write a function fizzbuzz(n: int) -> list[str] giving the strings for 1..n: 'Fizz' for multiples of 3, "
          "'Buzz' for multiples of 5, 'FizzBuzz' for both, else the number." + _CODE, "its tests pass",
+         budget=_CODE_BUDGET,
          tests="assert fizzbuzz(5) == ['1', '2', 'Fizz', '4', 'Buzz']\nassert fizzbuzz(15)[-1] == 'FizzBuzz'\n"
                "assert fizzbuzz(0) == []\n"),
     Case("merge-intervals", "code", "test",
          "Write a function merge(intervals: list[tuple[int, int]]) -> list[tuple[int, int]] that merges "
          "overlapping or touching closed intervals and returns them sorted by start." + _CODE, "its tests pass",
+         budget=_CODE_BUDGET,
          tests="assert merge([(1, 3), (2, 6), (8, 10), (15, 18)]) == [(1, 6), (8, 10), (15, 18)]\n"
                "assert merge([(1, 4), (4, 5)]) == [(1, 5)]\nassert merge([]) == []\n"
                "assert merge([(5, 7), (1, 2)]) == [(1, 2), (5, 7)]\n"),
     Case("roman", "code", "test",
          "Write a function roman_to_int(s: str) -> int that converts a Roman numeral (I, V, X, L, C, D, M, with "
-         "subtractive pairs such as IV and CM) to an integer." + _CODE, "its tests pass",
+         "subtractive pairs such as IV and CM) to an integer." + _CODE, "its tests pass", budget=_CODE_BUDGET,
          tests="assert roman_to_int('III') == 3\nassert roman_to_int('LVIII') == 58\n"
                "assert roman_to_int('MCMXCIV') == 1994\nassert roman_to_int('XLIV') == 44\n"),
 ]
@@ -83,7 +88,7 @@ CODE = [
 TOOLS = [
     Case("fix-failing-test", "tools", "check",
          "The tests in test_calc.py fail (run: python3 test_calc.py). Fix calc.py so that they pass. Do not "
-         "change test_calc.py.", "test_calc.py passes and is unchanged", budget=6144,
+         "change test_calc.py.", "test_calc.py passes and is unchanged", budget=8192,
          files={"calc.py": "def add(a, b):\n    return a - b\n\n\ndef mul(a, b):\n    return a * b\n",
                 "test_calc.py": "from calc import add, mul\n\nassert add(2, 3) == 5\nassert add(-1, 1) == 0\n"
                                 "assert mul(4, 5) == 20\nprint('ok')\n"},
@@ -95,7 +100,7 @@ TOOLS = [
     Case("add-function", "tools", "check",
          "Add a function word_count(text) to textutil.py that returns the number of words in text (words are "
          "separated by any whitespace). Keep the existing function.", "word_count works, shout is kept",
-         budget=6144,
+         budget=8192,
          files={"textutil.py": "def shout(text):\n    return text.upper() + '!'\n"},
          check="import sys\nsys.path.insert(0, '.')\nfrom textutil import shout, word_count\n"
                "assert word_count('a b  c\\n d') == 4 and word_count('') == 0 and word_count('  one ') == 1\n"
@@ -136,7 +141,7 @@ def _recall(case_id: str, words: int, seed: int) -> Case:
     c, p, code = target
     return Case(case_id, "recall", "integer",
                 f"Here is a facility report.\n\n{text}\n\nWhat is the code of the {c} vault in the {p}?"
-                + _ANSWER_LINE, str(code), budget=1024)
+                + _ANSWER_LINE, str(code), budget=2048)
 
 
 RECALL = [_recall("vault-2k", 1500, 1), _recall("vault-8k", 6000, 2), _recall("vault-24k", 18000, 3)]
