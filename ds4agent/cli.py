@@ -342,7 +342,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_engine(ck)
 
     sr = sub.add_parser("steer", help="directional steering: build a direction file from two prompt sets")
-    srs = sr.add_subparsers(dest="steer_command", metavar="build", required=True)
+    srs = sr.add_subparsers(dest="steer_command", metavar="build")
     sb = srs.add_parser("build", help="directions from two prompt sets (the mean difference of a sublayer's output "
                                       "per layer)")
     _add_model(sb)
@@ -846,6 +846,9 @@ def cmd_steer(args: argparse.Namespace) -> int:
     import datetime
 
     from .engine import SteeringError, build_directions, write_steering
+
+    if args.steer_command != "build":
+        raise UsageError("ds4 steer build --good FILE --bad FILE --out FILE (see 'ds4 steer build --help')")
     from .modelfile import resolve_model
     from .protocol import render
 
