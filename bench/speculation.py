@@ -181,6 +181,14 @@ def bandwidth_on_paper() -> None:
     for a in (0.5, 0.6, 0.7, 0.8, 0.9):
         best = max((_speedup(a, k, pass_bytes(k + 1) / step) + (k,) for k in range(1, 7)), key=lambda r: r[0])
         print(f"{a},{best[2]},{best[1]:.2f},{best[0]:.2f}")
+    # How much must consecutive tokens share their experts (per layer, of the k they choose) for
+    # one MTP draft at first-draft acceptance 0.6 to give 1.3x? (uniform routing shares k^2/E)
+    per_expert = expert  # bytes of one chosen expert in every layer
+    _, tokens = _speedup(0.6, 1, 1.0)
+    room = (tokens / 1.3 - draft / step) * step - step  # bytes the second position may add
+    shared = c.n_expert_used - room / per_expert
+    print(f"mtp at 0.6 reaches 1.3x when two consecutive tokens share >= {shared:.2f} of their {c.n_expert_used} "
+          f"experts per layer (uniform routing: {c.n_expert_used ** 2 / c.n_expert:.2f})")
     # DSpark: a mean accepted length of 2.7 at 5 drafts (the drafts kept per pass), its own
     # draft cost unknown here: the verification side alone.
     print(f"dspark (2.7 kept of 5, verification only): {(1 + 2.7) / (pass_bytes(6) / step):.2f}x")
