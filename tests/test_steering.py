@@ -204,7 +204,10 @@ def test_the_server_steers_per_request(demo_path, tmp_path) -> None:
     from ds4agent.server.run import ServerThread
     from ds4agent.sessions import SessionStore
 
-    msgs = [{"role": "user", "content": "Tell me about the sea."}]
+    # (a system text: the server caches a request's start up to its first user turn, and a
+    # request under other steering must not start from that KV)
+    msgs = [{"role": "system", "content": "You are a patient guide to oceans, rivers and lakes. " * 6},
+            {"role": "user", "content": "Tell me about the sea."}]
 
     def ask(st, extra=None) -> str:
         c = openai.OpenAI(base_url=st.url + "/v1", api_key="k", max_retries=0, timeout=120)
