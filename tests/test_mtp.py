@@ -172,7 +172,7 @@ def test_drafts_are_those_of_a_block_started_afresh(engine) -> None:
         np.testing.assert_allclose(logits, fresh, rtol=1e-3, atol=1e-3)  # (batch widths differ: float order)
 
 
-@pytest.mark.parametrize("kernels", ["cpu", "reference"])
+@pytest.mark.parametrize("kernels", ["cpu", "reference", "gpu-host"])
 def test_greedy_with_mtp_drafts_is_plain_decoding(demo_path, mtp_path, kernels: str) -> None:
     """The block's own drafts (random weights: rarely right), prompts across prefill chunks and
     the window; an interrupted generation rolled back and run again; a restored session
