@@ -369,6 +369,13 @@ class ExpertPool:
             self.stats.prefetched += started
         return started
 
+    def settle(self) -> None:
+        """Wait until no read is in flight (what a measurement or a test of the slots' state
+        needs: reads ahead finish on the readers' own time)."""
+        with self._lock:
+            while any(slot.loading is not None for slot in self._slot):
+                self._changed.wait()
+
     def close(self) -> None:
         self._readers.shutdown(wait=True)
         self._buf = None  # our own view of the mapping, which would keep it open
