@@ -1,7 +1,7 @@
 """The CUDA kernels compiled here, as MLX's CUDA backend compiles them, without a GPU.
 
 For every kernel instantiation the engine can launch (on the demo models and on the published
-Flash layout, q2 and q4: tests/gpu_harness.py launches_of), the exact source text that
+Flash layout, q2, q4 and MXFP4: tests/gpu_harness.py launches_of), the exact source text that
 mx.fast.cuda_kernel builds (tests/mlx_sources.py: MLX 0.32.3's generator mirrored, checked
 against the pinned mlx-cuda-12 wheel) is compiled by NVRTC 12.9 with MLX's own options, device
 headers and CUDA headers, to SASS for sm_80 (A100) and sm_90a (H100/H200: MLX adds the "a"
@@ -59,9 +59,17 @@ def flash_q4_header_path(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def all_launches(demo_path, demo_q4_path, flash_header_path, flash_q4_header_path) -> list:
+def flash_mxfp4_header_path(tmp_path_factory) -> Path:
+    from ds4agent.modelfile.config import FLASH
+    from ds4agent.modelfile.demo import write_model
+
+    return write_model(tmp_path_factory.mktemp("models") / "flash-mxfp4-header.gguf", FLASH, "mxfp4", with_data=False)
+
+
+@pytest.fixture(scope="module")
+def all_launches(demo_path, demo_q4_path, flash_header_path, flash_q4_header_path, flash_mxfp4_header_path) -> list:
     calls = []
-    for p in (demo_path, demo_q4_path, flash_header_path, flash_q4_header_path):
+    for p in (demo_path, demo_q4_path, flash_header_path, flash_q4_header_path, flash_mxfp4_header_path):
         calls += launches_of(p, "cuda")
     return calls
 
@@ -135,7 +143,7 @@ def test_every_instantiation_compiles_clean(nvrtc, mlx_cuda, all_launches) -> No
     sources = mlx_sources.cuda_instances(all_launches)
     labels = [label for _, label in sources.values()]
     assert {k for k in gpu.BODIES if any(lb.startswith(f"custom_kernel_ds4_{k}") for lb in labels)} == set(gpu.BODIES)
-    assert len(sources) >= 30  # 4 models: the Flash q2/q4 kernels plus the demo models'
+    assert len(sources) >= 30  # 5 models: the Flash q2/q4/MXFP4 kernels plus the demo models'
     bad = [f"{label} {arch}:\n{r.log[-2000:]}" for label, arch, r in _compile_all(mlx_cuda, sources)
            if not r.clean or not r.symbol or r.cubin_bytes == 0]
     assert not bad, "\n".join(bad)

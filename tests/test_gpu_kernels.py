@@ -63,7 +63,7 @@ def test_matmul_on_demo_tensors(demo_path, name: str, T: int) -> None:
         assert _rel(y, x @ w.astype(np.float64).T) <= 1e-5
 
 
-@pytest.mark.parametrize("qtype", [Q.Q2_K, Q.Q4_K, Q.IQ2_XXS, Q.Q8_0, Q.F16, Q.F32])
+@pytest.mark.parametrize("qtype", [Q.Q2_K, Q.Q4_K, Q.IQ2_XXS, Q.MXFP4, Q.Q8_0, Q.F16, Q.F32])
 @pytest.mark.parametrize("T", [2, 11])
 def test_matmul_every_type_with_row_and_column_ranges(qtype: Q, T: int) -> None:
     """Random blocks (finite scales): a row range starting past row 0 (the grouped output

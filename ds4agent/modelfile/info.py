@@ -101,7 +101,7 @@ def variant_of(cfg: ModelConfig, types: dict[str, str], name: str) -> str:
         words = "q4: Q4_K experts"
     elif kinds == {("MXFP4", "MXFP4")}:
         words = ("MXFP4 experts (DeepSeek's own, not requantised); the CPU kernels take them with float "
-                 "activations, the GPU kernels have none: on Metal and CUDA the reference runs them")
+                 "activations")
     elif kinds <= {("IQ2_XXS", "Q2_K"), ("Q4_K", "Q4_K")}:
         q4 = [i for i, k in enumerate(per_layer) if k == ("Q4_K", "Q4_K")]
         words = f"mixed: Q4_K experts in layers {_ranges(q4)}, 2-bit elsewhere"

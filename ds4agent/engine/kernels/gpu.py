@@ -16,7 +16,7 @@ a GPU), the work is split along the input (``S`` splits of ``CH`` blocks each, c
 
 Kernels:
 
-* ``matmul``: a GGUF matrix (Q8_0, Q2_K, Q4_K, IQ2_XXS, F16, F32; a row range, a column range)
+* ``matmul``: a GGUF matrix (Q8_0, Q2_K, Q4_K, IQ2_XXS, MXFP4, F16, F32; a row range, a column range)
   times T tokens. A thread owns one row, one input split and a tile of up to TILE (<= 8)
   consecutive tokens: it dequantises each block of its row once, into registers (32 weights at
   a time), and dots it with every token of its tile.
@@ -60,9 +60,9 @@ from .resident import DeviceTensors
 # GGML types the kernels read, with their block: (elements, bytes). F16 and F32 have no blocks
 # in GGUF; 32 values are taken as one so that every type is walked the same way.
 BLOCKS = {int(Q.Q8_0): (32, 34), int(Q.Q2_K): (256, 84), int(Q.Q4_K): (256, 144), int(Q.IQ2_XXS): (256, 66),
-          int(Q.F16): (32, 64), int(Q.F32): (32, 128)}
+          int(Q.MXFP4): (32, 17), int(Q.F16): (32, 64), int(Q.F32): (32, 128)}
 KERNEL_TYPES = frozenset(BLOCKS)
-EXPERT_TYPES = frozenset({int(Q.Q8_0), int(Q.Q2_K), int(Q.Q4_K), int(Q.IQ2_XXS)})
+EXPERT_TYPES = frozenset({int(Q.Q8_0), int(Q.Q2_K), int(Q.Q4_K), int(Q.IQ2_XXS), int(Q.MXFP4)})
 MAX_TILE = 8  # tokens per thread: 8 accumulators (16 for gate/up) stay in registers
 THREADGROUP = 256
 # Below this many threads a launch leaves most of a GPU idle: an H200 keeps about 270 000
@@ -108,7 +108,7 @@ FN float rdf(const GLOBAL uint8_t *p) {
 
 /* Weights 32j .. 32j+31 of one block b of GGML type qt into w, each dequantised with gguf's
  * float operations (the scale products first, then the quant). A block of Q8_0, F16 and F32
- * is 32 weights (j = 0); one of Q2_K, Q4_K and IQ2_XXS is 256 (j = 0..7). */
+ * is 32 weights (j = 0), and one of MXFP4; one of Q2_K, Q4_K and IQ2_XXS is 256 (j = 0..7). */
 FN void deq32(int qt, const GLOBAL uint8_t *b, int j, float *w, const GLOBAL float *grid,
               const GLOBAL float *signs) {
     if (qt == 8) {
@@ -140,6 +140,18 @@ FN void deq32(int qt, const GLOBAL uint8_t *b, int j, float *w, const GLOBAL flo
             const GLOBAL float *gr = grid + 8 * a0[l];
             const GLOBAL float *sg = signs + 8 * ((a1 >> (7 * l)) & 127);
             for (int k = 0; k < 8; k++) w[8 * l + k] = db * gr[k] * sg[k];
+        }
+    } else if (qt == 39) {
+        /* MXFP4: an E8M0 exponent, then codes (weight l low nibble of byte 1 + l, weight l + 16
+         * its high nibble). The E2M1 code decoded (doubled values 0 1 2 3 4 6 8 12, bit 3 the
+         * sign) and the scale 2^(e-128) built as gguf builds it (below e = 2 a subnormal, which
+         * a GPU that flushes subnormals reads as 0: no real block has such a scale). */
+        const uint32_t e = b[0];
+        const float d = u2f(e < 2u ? 0x00200000u << e : (e - 1u) << 23);
+        for (int l = 0; l < 32; l++) {
+            const uint32_t c = (l < 16 ? b[1 + l] : b[1 + l - 16] >> 4) & 0xFu, m = c & 7u;
+            const float v = (float)(m < 4u ? m : (2u + (m & 1u)) << ((m >> 1) - 1u));
+            w[l] = d * (c & 8u ? 0.0f - v : v);  /* (0 - 0 is +0, as gguf's code 8) */
         }
     } else if (qt == 1) {
         for (int l = 0; l < 32; l++) w[l] = rdh(b + 2 * l);
