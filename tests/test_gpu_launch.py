@@ -146,3 +146,41 @@ def test_streamed_experts_on_the_device_give_the_same_bits(demo_path) -> None:
             runs.append((np.array(s.logits), toks))
     for logits, toks in runs[1:]:
         assert np.array_equal(logits.view(np.uint32), runs[0][0].view(np.uint32)) and toks == runs[0][1]
+
+
+def test_mxfp4_experts_on_gpu_kernels_match_reference(tmp_path) -> None:
+    """The 0731 MXFP4 file's expert format through the device's kernels (tests/test_variants.py
+    runs the same comparison on the kernel bodies on the host): logits to 1e-4, the same tokens."""
+    from ds4agent.modelfile.demo import tiny_config, write_model
+
+    path = write_model(tmp_path / "mxfp4.gguf", tiny_config(), "mxfp4")
+    ids = np.random.default_rng(6).integers(1000, 120000, 60).tolist()
+    runs = []
+    for kernels in (BACKEND, "reference"):
+        with Engine.open(path, backend=BACKEND, kernels=kernels, qat_sim=False) as e:
+            assert e.info.kernels == kernels
+            s = e.session()
+            s.sync(ids)
+            first = s.logits.copy()
+            runs.append((first, [st.token for st in s.generate(SamplingParams(temperature=0), max_tokens=12,
+                                                               stop_at_eos=False)]))
+    (a, ta), (b, tb) = runs
+    assert ta == tb and rel_err(a, b) <= 1e-4
+
+
+def test_mtp_drafts_on_gpu_kernels_give_plain_decoding(demo_path, tmp_path) -> None:
+    """DeepSeek's MTP block on the device's kernels (a demo MTP file: its drafts are rarely
+    right): the tokens and the saved session of plain greedy decoding."""
+    from ds4agent.modelfile.demo import tiny_config, write_mtp
+
+    mtp = write_mtp(tmp_path / "mtp.gguf", tiny_config())
+    prompt = np.random.default_rng(7).integers(1000, 120000, 70).tolist()
+    with Engine.open(demo_path, backend=BACKEND, kernels=BACKEND) as e:
+        plain = e.session()
+        plain.sync(prompt)
+        want = [st.token for st in plain.generate(SamplingParams(temperature=0), max_tokens=40, stop_at_eos=False)]
+        e.set_speculation("mtp", mtp=mtp)
+        s = e.session()
+        s.sync(prompt)
+        got = [st.token for st in s.generate(SamplingParams(temperature=0), max_tokens=40, stop_at_eos=False)]
+        assert got == want and s.snapshot() == plain.snapshot() and s.drafter.proposals > 0
