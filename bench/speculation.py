@@ -91,9 +91,9 @@ def _speedup(a: float, k: int, cost: float) -> tuple[float, float]:
     return tokens / cost, tokens
 
 
-def mtp_costs(e: Engine, mtp: str, prompt: list[int], repeat: int) -> tuple[float, float, float]:
+def mtp_costs(e: Engine, mtp: str, prompt: list[int], repeat: int) -> tuple[float, float]:
     """Seconds of the MTP block's first draft after a pass that committed 1 and 2 tokens (its
-    pairs and the head), and of a chained draft (one pair and the head); medians."""
+    pairs and the head); medians. A chained draft is one pair and the head: the first of one."""
     from ds4agent.engine.mtp import MtpBlock
 
     block = MtpBlock.open(e.model, mtp)
@@ -111,13 +111,13 @@ def mtp_costs(e: Engine, mtp: str, prompt: list[int], repeat: int) -> tuple[floa
                 t = time.perf_counter()
                 block.run(ids[-n:], streams[-n:], state)
                 times[n].append(time.perf_counter() - t)
-        first1, first2 = statistics.median(times[1]), statistics.median(times[2])
-        return first1, first2, first1  # a chained draft is one pair and the head, like a first of one
+        return statistics.median(times[1]), statistics.median(times[2])
     finally:
         block.close()
 
 
-def mtp_on_paper(costs: dict[int, float], first1: float, first2: float, chained: float) -> None:
+def mtp_on_paper(costs: dict[int, float], first1: float, first2: float) -> None:
+    chained = first1
     step = costs[0]
     print("mtp_first_acceptance,drafts,tokens_per_pass,pass_vs_step,speedup")
     for a in (0.5, 0.6, 0.7, 0.8):
@@ -239,10 +239,10 @@ def main() -> None:
                     ("replay k=4, 1 in 3 wrong", lambda: Replay(truth, len(prompt), 4, 3)),
                     ("ngram (never repeats)", NgramDrafter)]
         if a.mtp:
-            first1, first2, chained = mtp_costs(e, a.mtp, prompt, a.repeat)
+            first1, first2 = mtp_costs(e, a.mtp, prompt, a.repeat)
             print(f"mtp draft seconds: first after 1 committed {first1:.4f} ({first1 / costs[0]:.3f} step), after 2 "
-                  f"{first2:.4f}, chained {chained:.4f}")
-            mtp_on_paper(costs, first1, first2, chained)
+                  f"{first2:.4f}, chained {first1:.4f}")
+            mtp_on_paper(costs, first1, first2)
             e.set_speculation("mtp", mtp=a.mtp)
             drafters.append(("mtp (random weights: its overhead)", lambda: e.session().drafter))
         _, truth, blob, _ = decode(e, prompt, a.gen, None)

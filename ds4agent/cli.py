@@ -994,7 +994,7 @@ def cmd_check(args: argparse.Namespace) -> int:
                  "tokens, so every case fails below; run ds4 check -m FILE with the real model")
         out, outcomes = _stdout(), []
         checker = Checker(engine)
-        for o in checker.run_all(cases, lambda c: _say(f"{c.id}: prefilling {len(checker.prompt_ids(c))} tokens")):
+        for o in checker.run_all(cases, lambda c, n: _say(f"{c.id}: prefilling {n} tokens")):
             outcomes.append(o)
             out.line(report_line(o))
         passed = sum(o.passed for o in outcomes)

@@ -179,6 +179,11 @@ class MtpDrafter(_Adaptive):
         self._last = None
         self.restarts += 1
 
+    def _joined(self):
+        """The held streams as one array (positions _first ..)."""
+        s = self._streams
+        return s[0] if len(s) == 1 else self.block.model.xp.concatenate(s, axis=0)
+
     def seen(self, start: int, hidden: Any) -> None:
         held = sum(len(h) for h in self._streams)
         if start != self._first + held:  # not the continuation of what the block holds
@@ -191,10 +196,8 @@ class MtpDrafter(_Adaptive):
         held += len(hidden)
         keep = self.block.window + 1
         if held > keep:
-            xp = self.block.model.xp
-            whole = xp.concatenate(self._streams, axis=0) if len(self._streams) > 1 else hidden
-            kept = whole[held - keep :]
-            xp.eval(kept)  # (MLX: evaluated now, or each step would lengthen one lazy graph)
+            kept = self._joined()[held - keep :]
+            self.block.model.xp.eval(kept)  # (MLX: evaluated now, or each step would lengthen one lazy graph)
             self._streams, self._first = [kept], self._first + held - keep
             if self._last is not None:
                 self._restart()
@@ -212,9 +215,7 @@ class MtpDrafter(_Adaptive):
             self._restart()  # the token paired last is not the session's any more
         # Pairs: the streams of positions _first .. n-1 with the tokens of _first+1 .. n.
         ids = [int(t) for t in history[self._first + 1 : n]] + [int(token)]
-        streams = self.block.model.xp.concatenate(self._streams, axis=0) if len(self._streams) > 1 \
-            else self._streams[0]
-        logits, X = self.block.run(np.asarray(ids), streams, self._state)
+        logits, X = self.block.run(np.asarray(ids), self._joined(), self._state)
         self._last, self._streams, self._first = (n, int(token)), [], n
         out = [int(np.argmax(logits))]
         state = self._state.fork() if k > 1 else None

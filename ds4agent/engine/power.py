@@ -67,6 +67,3 @@ class Power:
         pause = max(0.0, seconds / slower * 100 / level - seconds)
         time.sleep(pause)
         self.slept += pause
-
-    def describe(self) -> str:
-        return f"power {self.level}%"

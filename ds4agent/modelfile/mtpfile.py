@@ -161,6 +161,3 @@ class MtpView:
     def release_pages(self, name: str) -> None:
         f, src = self._where[name]
         f.release_pages(src)
-
-    def get(self, key: str, default: object = None) -> object:
-        return self.mtp.get(key, default)

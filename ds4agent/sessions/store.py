@@ -93,8 +93,15 @@ class SessionInfo:
     @property
     def steering_text(self) -> str:
         """"verbosity ffn 1 attn 0", or "" when unsteered."""
-        s = self.steering
-        return "" if not s else f"{s.get('name', '?')} ffn {s.get('ffn', 0):g} attn {s.get('attn', 0):g}"
+        return steering_words(self.steering)
+
+
+def steering_words(record: dict | None) -> str:
+    """A steering record (engine/steering.py Steering.record) as the session list shows it:
+    "verbosity ffn 1 attn 0"; "" for none."""
+    if not record:
+        return ""
+    return f"{record.get('name', '?')} ffn {record.get('ffn', 0):g} attn {record.get('attn', 0):g}"
 
 
 def default_directory() -> Path:

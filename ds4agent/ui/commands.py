@@ -11,7 +11,7 @@ from typing import Callable
 from ..conversation import Conversation
 from ..engine.errors import EngineError
 from ..protocol import THINK_MAX_MIN_CTX
-from ..sessions import SessionInfo, SessionStore, StoreError
+from ..sessions import SessionInfo, SessionStore, StoreError, steering_words
 from .terminal import BOLD, ID_CHARS, Out, ago, short_count
 
 
@@ -95,8 +95,8 @@ def steering_change(saved: dict | None, now) -> str:
     current = now.record() if now is not None and now.active else None
     if saved == current:
         return ""
-    was = f"{saved.get('name')} ffn {saved.get('ffn', 0):g} attn {saved.get('attn', 0):g}" if saved else "no steering"
-    return f"this session was saved under {was}; it goes on under {now.describe() if current else 'no steering'}"
+    return (f"this session was saved under {steering_words(saved) or 'no steering'}; it goes on under "
+            f"{steering_words(current) or 'no steering'}")
 
 
 def load_session(store: SessionStore, sha: str, conv: Conversation, out: Out) -> SessionInfo | None:

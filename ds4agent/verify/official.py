@@ -123,10 +123,13 @@ class Checker:
         """The prompt as one user turn in non-thinking mode: BOS, User, text, Assistant, </think>."""
         return self.tokenizer.encode_rendered(render([{"role": "user", "content": case.prompt}], thinking_mode="chat"))
 
-    def run(self, case: Case) -> Outcome:
+    def run(self, case: Case, starting: Callable[[Case, int], None] | None = None) -> Outcome:
+        """One case; ``starting(case, prompt tokens)`` is called before its prefill."""
         out = Outcome(case.id, len(case.steps))
         ids = self.prompt_ids(case)
         out.prompt_tokens = len(ids)
+        if starting is not None:
+            starting(case, len(ids))
         s = self.engine.session(ctx=max(case.ctx, len(ids) + len(case.steps) + 2))
         s.drafter = None  # the greedy token is read from the logits; nothing to propose
         t = time.perf_counter()
@@ -170,11 +173,9 @@ class Checker:
         rank = int((logits > logits[tid]).sum()) + 1
         return f" (locally rank {rank}, log-probability {float(logits[tid]) - log_z:.2f})"
 
-    def run_all(self, cases: list[Case], progress: Callable[[Case], None] | None = None) -> Iterator[Outcome]:
+    def run_all(self, cases: list[Case], starting: Callable[[Case, int], None] | None = None) -> Iterator[Outcome]:
         for case in cases:
-            if progress is not None:
-                progress(case)
-            yield self.run(case)
+            yield self.run(case, starting)
 
 
 def report_line(o: Outcome) -> str:
