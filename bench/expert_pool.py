@@ -57,12 +57,15 @@ def child(a: argparse.Namespace) -> None:
         s.sync(ids)
         prefill = a.prompt / (time.perf_counter() - t)
         after_prefill = e.streaming() or {}
+        io0 = _storage_read()
         t = time.perf_counter()
         n, stamps = 0, []
         for _ in s.generate(SamplingParams(temperature=0), max_tokens=a.gen, stop_at_eos=False):
             n += 1
             stamps.append(time.perf_counter())
         decode = (n - 1) / (stamps[-1] - t)  # the first token was sampled from the prefill
+        # What decode made the OS fetch from storage (pool reads and mmap page faults alike).
+        storage = (_storage_read() - io0) / max(1, n - 1)
         # Whether the rate holds: t/s over each quarter of the decoded tokens.
         cuts = np.linspace(0, n - 1, 5).round().astype(int)
         quarters = [round((b - a_) / (stamps[b] - stamps[a_]), 2) for a_, b in zip(cuts[:-1], cuts[1:]) if b > a_]
@@ -73,7 +76,7 @@ def child(a: argparse.Namespace) -> None:
         top = np.sort(c)[::-1][: max(1, len(c) // 10)]
         tenth[layer] = round(float(top.sum() / max(1, c.sum())), 3)
     out = {"prefill_tps": prefill, "decode_tps": decode, "open_s": opened, "lines": lines, "tenth": tenth,
-           "maxrss": _maxrss(), "quarters": quarters}
+           "maxrss": _maxrss(), "quarters": quarters, "storage_per_token": storage}
     if pool:
         out["pool"] = pool
         d = {key: pool[key] - after_prefill.get(key, 0) for key in ("bytes_read", "stall_s", "hits", "misses")}
@@ -81,6 +84,14 @@ def child(a: argparse.Namespace) -> None:
         out["decode_stall_s"] = d["stall_s"]
         out["decode_hit_rate"] = d["hits"] / max(1, d["hits"] + d["misses"])
     print("RESULT " + json.dumps(out))
+
+
+def _storage_read() -> int:
+    """Bytes this process has caused to be read from storage (/proc/self/io read_bytes)."""
+    for line in Path("/proc/self/io").read_text().splitlines():
+        if line.startswith("read_bytes:"):
+            return int(line.split()[1])
+    return 0
 
 
 def _maxrss() -> int:
@@ -195,7 +206,8 @@ def main() -> None:
                     continue
                 line = (f"{label}: prefill {r['prefill_tps']:.1f} t/s, decode {r['decode_tps']:.2f} t/s "
                         f"(by quarter {' / '.join(map(str, r['quarters']))}), open {r['open_s']:.1f} s, wall "
-                        f"{r['wall_s']:.0f} s")
+                        f"{r['wall_s']:.0f} s; decode fetched {r['storage_per_token'] / 2**20:.0f} MiB per token "
+                        f"from storage")
                 if "pool" in r:
                     p = r["pool"]
                     line += (f"; pool {p['slots']} slots, decode hit rate {100 * r['decode_hit_rate']:.1f}%, "

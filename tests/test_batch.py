@@ -173,7 +173,7 @@ def test_an_error_in_a_batched_pass_reaches_every_caller(demo_path) -> None:
 def test_cpu_products_alone_are_each_rows_bits(qtype, n: int) -> None:
     """The alone products of cpu.c against one product per token: every GGML type, row counts
     that leave partial runs and quads (4099 rows of 4096 Q8_0 values: 192 KiB runs of 44 rows),
-    1 to 9 tokens, both activation paths."""
+    2 to 9 tokens (within one pass, a full pass of 8, and past it), both activation paths."""
     rng = np.random.default_rng(int(qtype) + n)
     rows = 4099 if n == 4096 else 203
     if qtype in (Q.F16, Q.F32):
@@ -183,9 +183,9 @@ def test_cpu_products_alone_are_each_rows_bits(qtype, n: int) -> None:
 
         raw = random_blocks(qtype, rows, n // GGML_QUANT_SIZES[qtype][0], 5)
     for int8 in (True, False):
-        group = cpu.alone_group(raw[:8], int(qtype), n, int8)  # 3 where the few-token path allows it
+        group = cpu.alone_group(raw[:8], int(qtype), n, int8)  # up to 8 where the few-token path allows it
         for alone in {1, group}:
-            for T in (2, 4, 9):
+            for T in (2, 4, 8, 9):
                 x = rng.normal(size=(T, n)).astype(np.float32)
                 got = cpu.matmul_raw(raw, int(qtype), n, x, int8, alone=alone)
                 want = np.concatenate([cpu.matmul_raw(raw, int(qtype), n, x[t : t + 1], int8) for t in range(T)])
@@ -193,8 +193,9 @@ def test_cpu_products_alone_are_each_rows_bits(qtype, n: int) -> None:
 
 
 def test_the_few_token_group_is_checked_not_assumed() -> None:
-    """alone_group answers 1 for a kernel whose few-token sums differ from its one-token sums
-    (as the F16 float path of 4+ tokens does), and 3 only when all three rows agree bit for bit."""
+    """alone_group answers 1 for a kernel whose few-token sums differ from its one-token sums,
+    and stops at the first count of tokens whose pass differs (as the F16 float path of 4+
+    tokens does)."""
     rng = np.random.default_rng(9)
     raw = rng.normal(size=(8, 256)).astype(np.float16).view(np.uint8)
     real = cpu.matmul_raw
@@ -205,9 +206,37 @@ def test_the_few_token_group_is_checked_not_assumed() -> None:
 
         cpu.matmul_raw = skewed
         assert cpu.alone_group(raw, int(Q.F16), 256, False) == 1
+
+        def skewed_past_five(r, qtype, n, x, int8=True, alone=0):
+            y = real(r, qtype, n, x, int8, alone)
+            return y if x.shape[0] <= 5 else np.nextafter(y, np.inf)
+
+        raw8 = random_blocks(Q.Q8_0, 8, 256 // 32, 3)
+        cpu.matmul_raw = skewed_past_five
+        assert cpu.alone_group(raw8, int(Q.Q8_0), 256, True) in (1, 5)  # 1: no few-token Q8_0 kernel here
     finally:
         cpu.matmul_raw = real
-    assert cpu.alone_group(raw, int(Q.F16), 256, False) in (1, 3)
+    assert cpu.alone_group(raw, int(Q.F16), 256, False) in (1, 2, 3)
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = open("/proc/cpuinfo").read()
+    except OSError:
+        return set()
+    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
+    return set(line.split(":", 1)[-1].split())
+
+
+@pytest.mark.skipif(not {"avx512_vnni", "avx512vl", "avx512bw"} <= _cpu_flags(),
+                    reason="the 8-token Q8_0 kernel is built for x86-64 with AVX-512 VNNI; this CPU has none")
+def test_q8_0_passes_take_eight_sessions() -> None:
+    """On AVX-512 VNNI the few-token Q8_0 kernel sums each token the same way whatever the
+    count, so a batch of up to 8 sessions reads each dense matrix once in one pass (a change
+    that made a token's sums depend on the count would silently drop batches to one token
+    per pass: slower, still exact)."""
+    raw = random_blocks(Q.Q8_0, 8, 4096 // 32, 4)
+    assert cpu.alone_group(raw, int(Q.Q8_0), 4096, True) == 8
 
 
 def test_gpu_plans_alone_split_as_one_token() -> None:

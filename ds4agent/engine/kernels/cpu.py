@@ -80,6 +80,7 @@ def library() -> ctypes.CDLL:
         lib.ds4_quantize_k.argtypes = [_P, _I, _I, _P]
         lib.ds4_set_amx.argtypes = [ctypes.c_int]
         lib.ds4_set_vnni512.argtypes = [ctypes.c_int]
+        lib.ds4_alone_max.argtypes = []
         lib.ds4_set_ceil_log2_table.argtypes = [_P]
         lib.ds4_kv_round.argtypes = [_P, _I, _I, _I]
         lib.ds4_indexer_round.argtypes = [_P, _I, _I]
@@ -229,15 +230,20 @@ def matmul_raw(raw: np.ndarray, qtype: int, n: int, x: np.ndarray, int8: bool = 
 
 def alone_group(raw: np.ndarray, qtype: int, n: int, int8: bool) -> int:
     """How many tokens one pass of the alone products may take over rows ``raw`` (a few rows of
-    the matrix) while each token keeps the bits it gets alone: 3 where this build's few-token
-    path computes each token as its one-token path does (the same dot products, in the same
-    order: checked here on these rows), else 1. Machines differ: without AVX-512 VNNI the
-    one-token Q8_0 product has a path of its own."""
-    x = np.random.default_rng(0).standard_normal((3, n)).astype(np.float32)
-    three = matmul_raw(raw, qtype, n, x, int8)
-    ones = np.concatenate([matmul_raw(raw, qtype, n, x[t : t + 1], int8) for t in range(3)])
-    return 3 if np.array_equal(three.view(np.uint32), ones.view(np.uint32)) else 1
-
+    the matrix) while each token keeps the bits it gets alone: the largest g (at most the C
+    side's ds4_alone_max) such that a pass of every count of tokens from 2 to g computes each
+    token as the one-token path does (the same dot products in the same order: checked here on
+    these rows), else 1. Machines and types differ: the few-token Q8_0 kernel takes 8 tokens on
+    AVX-512 VNNI; elsewhere the one-token Q8_0 product has a path of its own."""
+    most = library().ds4_alone_max()
+    x = np.random.default_rng(0).standard_normal((most, n)).astype(np.float32)
+    ones = np.concatenate([matmul_raw(raw, qtype, n, x[t : t + 1], int8) for t in range(most)])
+    g = 1
+    for m in range(2, most + 1):
+        if not np.array_equal(matmul_raw(raw, qtype, n, x[:m], int8).view(np.uint32), ones[:m].view(np.uint32)):
+            break
+        g = m
+    return g
 
 
 def moe_raw(x: np.ndarray, sel: np.ndarray, route_w: np.ndarray, gate: np.ndarray, up: np.ndarray, gu_type: int,

@@ -159,7 +159,7 @@ static int moe_quantise(moe_acts *a, int type, const float *X, int64_t m, int64_
 /* One product of an expert's m tokens: as one batch, or (alone) each token as by itself. */
 static void moe_apply(const moe_weights *mw, const uint8_t *W, int type, deq_fn deq, int64_t row_bytes, int64_t out,
                       int64_t n, const float *X, int64_t m, float *Y, int64_t y_stride, const moe_acts *a) {
-    if (mw->alone && m > 1)
+    if (in_passes(mw->alone, m))
         rows_alone(W, type, deq, row_bytes, out, n, X, m, Y, y_stride, a->f, a->q, a->xp, mw->alone);
     else
         apply(W, type, deq, row_bytes, out, n, X, m, Y, y_stride, a->f, a->q, a->xp);

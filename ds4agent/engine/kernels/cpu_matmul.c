@@ -1,8 +1,9 @@
 /* Part of cpu.c, which includes it (one translation unit, one library): Choosing the kernel for a
  * product: ds4_matmul, ds4_matmul_multi, ds4_matmul_grouped. */
 
-/* Up to this many tokens read each weight block straight from the file per token; more
- * tokens decode each row once into wblocks first (measured crossover on AVX-512 Zen 4). */
+/* Up to this many tokens read each weight block straight from the file per token (Q8_0 with
+ * AVX-512 VNNI: up to Q8_FEW_MAX, cpu_q8.c); more tokens decode each row once into wblocks
+ * first (measured crossover on AVX-512 Zen 4). */
 #define DIRECT_MAX_T 3
 #define REG_MAX_T 16
 /* The expert kernels ask for the row pf_rows ahead, all of it, before decoding this one. A
@@ -52,6 +53,11 @@ static void matmul_int8(const uint8_t *W, int type, int64_t row_bytes, int64_t o
 #if defined(HAVE_VNNI512)
     if (type == T_Q8_0 && T >= WIDE_MIN_T && __atomic_load_n(&vnni512_on_, __ATOMIC_RELAXED) &&
         !matmul_q8_0_vnni(W, row_bytes, out, nb, Xq, T, Y, y_stride, parallel))
+        return;
+#endif
+#if defined(HAVE_Q8_FEW)
+    if (type == T_Q8_0 && T <= Q8_FEW_MAX && nb % 8 == 0 &&
+        !matmul_q8_0_few(W, row_bytes, out, nb, Xq, T, Y, y_stride, parallel))
         return;
 #endif
     if (T > DIRECT_MAX_T) {
@@ -104,10 +110,6 @@ static void matmul_int8(const uint8_t *W, int type, int64_t row_bytes, int64_t o
         return;
     }
     idot_fn dot = int8_dot(type);
-#if defined(HAVE_Q8_FEW)
-    if (type == T_Q8_0 && nb % 8 == 0 && !matmul_q8_0_few(W, row_bytes, out, nb, Xq, T, Y, y_stride, parallel))
-        return;
-#endif
 #if defined(__AVX2__) && defined(__FMA__)
     if (type == T_Q8_0 && T == 1) {
         const int64_t quads = out / 4;
@@ -181,11 +183,18 @@ static int quantise_alone(int type, const float *X, int64_t T, int64_t n, int in
     return f;
 }
 
+/* The most tokens one pass of the alone products takes: the few-token Q8_0 kernel's and the
+ * IQ2_XXS/Q2_K register kernels' widths. */
+#define ALONE_MAX_T 8
+
+int ds4_alone_max(void) { return ALONE_MAX_T; }
+
 /* Rows 0 .. out of W for T tokens, each token's outputs exactly as the product of that token
  * alone computes them (T = 1), with each weight row still read from memory once for all the
  * tokens: run by run, every g tokens through the few-token path over the run. g is 1, or up to
- * DIRECT_MAX_T where the caller found that path to compute each token as the one-token path
- * does (kernels/cpu.py alone_group checks it on the matrix itself). ``acts``: the tokens
+ * ALONE_MAX_T where the caller found that path to compute each token, for every count of
+ * tokens up to g, as the one-token path does (kernels/cpu.py alone_group checks it on the
+ * matrix itself). ``acts``: the tokens
  * quantised by quantise_alone (format f), ``xp`` their kprep() arrangement or NULL. Serial:
  * callers spread runs (or row ranges) over the cores. Sessions decoding together in one batch
  * so get the bits they would get alone (docs/batching.md). */
@@ -194,7 +203,7 @@ static void rows_alone(const uint8_t *W, int type, deq_fn deq, int64_t row_bytes
                        const int8_t *xp, int g) {
     const size_t tb = f == 1 ? (size_t)(n / 32) * sizeof(qblock) : f == 2 ? (size_t)(n / 256) * sizeof(kblock) : 0;
     const int64_t run = alone_run(row_bytes);
-    if (g < 1 || g > DIRECT_MAX_T) g = 1;
+    if (g < 1 || g > ALONE_MAX_T) g = 1;
     for (int64_t r0 = 0; r0 < out; r0 += run) {
         const int64_t nr = out - r0 < run ? out - r0 : run;
         for (int64_t t = 0; t < T; t += g)
@@ -216,9 +225,16 @@ static void apply_alone(const uint8_t *W, int type, deq_fn deq, int64_t row_byte
     }
 }
 
+/* Whether alone products of T tokens (``alone`` per pass) need rows_alone's passes over runs:
+ * with no more tokens than one pass takes, the plain product over the whole matrix is already
+ * that pass (alone_group checked every count up to ``alone``; a row's result does not depend
+ * on which rows share its call), and it spreads the rows over the cores without the runs'
+ * per-pass setup. */
+static int in_passes(int alone, int64_t T) { return alone && T > alone; }
+
 static void product(const uint8_t *W, int type, deq_fn deq, int64_t row_bytes, int64_t out, int64_t n,
                     const float *X, int64_t T, float *Y, int64_t y_stride, int int8, void *scratch, int alone) {
-    if (alone && T > 1)
+    if (in_passes(alone, T))
         apply_alone(W, type, deq, row_bytes, out, n, X, T, Y, y_stride, int8, scratch, alone);
     else
         apply(W, type, deq, row_bytes, out, n, X, T, Y, y_stride, quantise(type, X, T, n, int8, scratch), scratch, NULL);
@@ -254,7 +270,7 @@ int ds4_matmul(const uint8_t *W, int type, int64_t row_bytes, int64_t out, int64
 int ds4_matmul_multi(int64_t M, const int64_t *W, const int32_t *type, const int64_t *row_bytes,
                      const int64_t *out, int64_t n, const float *X, int64_t T, const int64_t *Y, int int8,
                      int alone) {
-    if (alone && T > 1) {
+    if (in_passes(alone, T)) {
         for (int64_t m = 0; m < M; m++) {
             const int rc = ds4_matmul((const uint8_t *)(intptr_t)W[m], type[m], row_bytes[m], out[m], n, X, T,
                                       (float *)(intptr_t)Y[m], int8, alone);

@@ -1,5 +1,5 @@
 /* Part of cpu.c, which includes it (one translation unit, one library): Q8_0 products: 16+ tokens
- * on AMX tiles or AVX-512 VNNI registers, 1-3 tokens streamed once. */
+ * on AMX tiles or AVX-512 VNNI registers, 1-8 tokens streamed once. */
 
 /* -- Q8_0 products of 16 tokens and more: tiles of 16 tokens ---------------------------- *
  * Both wide kernels below (AMX tiles, AVX-512 VNNI registers) read the activations as token
@@ -250,33 +250,42 @@ int ds4_set_vnni512(int on) { (void)on; return 0; }
 
 #if defined(HAVE_VNNI512) && defined(__AVX512VL__)
 #define HAVE_Q8_FEW 1
-/* The lane sums of eight int32 vectors: lane j of the result is the sum of v[j]'s lanes. */
-static inline __m256i lane_sums8(const __m256i v[8]) {
-    const __m256i a = _mm256_hadd_epi32(v[0], v[1]), b = _mm256_hadd_epi32(v[2], v[3]);
-    const __m256i c = _mm256_hadd_epi32(v[4], v[5]), d = _mm256_hadd_epi32(v[6], v[7]);
-    const __m256i ab = _mm256_hadd_epi32(a, b), cd = _mm256_hadd_epi32(c, d);  /* halves of 0-3, 4-7 */
-    return _mm256_add_epi32(_mm256_permute2x128_si256(ab, cd, 0x20), _mm256_permute2x128_si256(ab, cd, 0x31));
-}
-
-/* Q8_0 rows r0 .. r1 against NT (1..3) quantised tokens, each row read once, straight from the
- * file: the decode products (the output head, attention, shared expert). VNNI multiplies
- * unsigned by signed bytes, so each weight byte is made unsigned with one xor (w + 128) and the
- * excess, 128 * sum(x) per activation block, comes off once per eight blocks (cx: d_x * 128 *
- * sum(q), made with the activations). A block's eight int32 lanes are summed in integers
- * (lane_sums8) and meet their scales d_w * d_x eight blocks at a time, gathered from the row:
- * per block there is no float conversion, broadcast or scalar product left, which is what
- * held one core to about half of its read bandwidth. Every sum is exact in int32; the float
- * order differs from the kernels for more tokens, within the tests' float32 bounds. */
+/* Q8_0 rows r0 .. r1 against NT (1..Q8_FEW_MAX) quantised tokens, each row read once, straight
+ * from the file: the decode products (the output head, attention, shared expert) and those of
+ * sessions decoding together. VNNI multiplies unsigned by signed bytes, so each weight byte is
+ * made unsigned with one xor (w + 128) and the excess, 128 * sum(x) per activation block, comes
+ * off once per eight blocks (cx: d_x * 128 * sum(q), made with the activations). One 512-bit
+ * VPDPBUSD takes two blocks; its sixteen int32 lanes (eight per block) become floats and meet
+ * their blocks' scales d_w * d_x lane by lane (the eight blocks' scales made once per token and
+ * spread over the lanes by one permute per block pair), so a token costs four products, four
+ * conversions, four permutes and four FMAs per eight blocks and no horizontal sum until the
+ * row ends. Summing each block's lanes first in integers (the kernel this replaced) cost a
+ * token about twice the instructions, mostly shuffles on one port: fine for one token, which
+ * waits for memory anyway, but it made eight sessions decoding together pay eight times the
+ * arithmetic of one. A token's sums are the same operations in the same order whatever NT is,
+ * so a token gets the same bits in a pass of NT tokens as alone (kernels/cpu.py alone_group
+ * checks it); every sum is exact in int32, and the float order differs from the kernels for
+ * more tokens, within the tests' float32 bounds. */
+#define Q8_FEW_MAX 8
 static inline __attribute__((always_inline)) void q8_0_few(const uint8_t *W, int64_t row_bytes, int64_t r0,
                                                            int64_t r1, const qblock *Xq, const int8_t *xq,
                                                            const float *xd, const float *cx, int64_t nb, const int NT,
                                                            float *Y, int64_t y_stride) {
-    const __m256i flip = _mm256_set1_epi8((char)0x80), low16 = _mm256_set1_epi32(0xFFFF);
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    const __m256i low16 = _mm256_set1_epi32(0xFFFF);
     const __m256i at34 = _mm256_setr_epi32(0, 34, 68, 102, 136, 170, 204, 238);
+    /* pair k of the eight blocks: block 2k's scale in lanes 0-7, block 2k + 1's in lanes 8-15 */
+    __m512i pick[4];
+    for (int k = 0; k < 4; k++)
+        pick[k] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi32(2 * k)), _mm256_set1_epi32(2 * k + 1), 1);
     for (int64_t r = r0; r < r1; r++) {
         const uint8_t *w = W + r * row_bytes;
-        __m256 acc[3], corr[3];
-        for (int t = 0; t < NT; t++) acc[t] = corr[t] = _mm256_setzero_ps();
+        __m512 acc[Q8_FEW_MAX];
+        __m256 corr[Q8_FEW_MAX];
+        for (int t = 0; t < NT; t++) {
+            acc[t] = _mm512_setzero_ps();
+            corr[t] = _mm256_setzero_ps();
+        }
         int64_t b = 0;
         for (; b + 8 <= nb; b += 8) {
             const uint8_t *g = w + 34 * b;
@@ -284,20 +293,24 @@ static inline __attribute__((always_inline)) void q8_0_few(const uint8_t *W, int
                 for (int o = 0; o < 8 * 34; o += 64) __builtin_prefetch(g + pf_q8 + o, 0, 3);
             const __m256i dh = _mm256_and_si256(_mm256_i32gather_epi32((const int *)g, at34, 1), low16);
             const __m256 dw = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(dh));
-            __m256i p[3][8];
-            for (int j = 0; j < 8; j++) {
-                const __m256i u = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(g + 34 * j + 2)), flip);
-                for (int t = 0; t < NT; t++)
-                    p[t][j] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u,
-                                                  _mm256_load_si256((const __m256i *)(xq + 32 * (t * nb + b + j))));
+            __m512i u[4];
+            for (int k = 0; k < 4; k++) {
+                const __m256i lo = _mm256_loadu_si256((const __m256i *)(g + 34 * (2 * k) + 2));
+                const __m256i hi = _mm256_loadu_si256((const __m256i *)(g + 34 * (2 * k + 1) + 2));
+                u[k] = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1), flip);
             }
             for (int t = 0; t < NT; t++) {
-                const __m256 sc = _mm256_mul_ps(dw, _mm256_loadu_ps(xd + t * nb + b));
-                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lane_sums8(p[t])), sc, acc[t]);
+                const __m512 sc = _mm512_castps256_ps512(_mm256_mul_ps(dw, _mm256_loadu_ps(xd + t * nb + b)));
+                const int8_t *x = xq + 32 * (t * nb + b);
+                for (int k = 0; k < 4; k++) {
+                    const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[k],
+                                                          _mm512_load_si512((const void *)(x + 64 * k)));
+                    acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_permutexvar_ps(pick[k], sc), acc[t]);
+                }
                 corr[t] = _mm256_fmadd_ps(dw, _mm256_loadu_ps(cx + t * nb + b), corr[t]);
             }
         }
-        float tail[3] = {0.0f, 0.0f, 0.0f};
+        float tail[Q8_FEW_MAX] = {0.0f};
         for (; b < nb; b++) {  /* rows of fewer than 8 blocks left over (no tensor here has any) */
             const float dw1 = h2f_fast(w + 34 * b);
             for (int t = 0; t < NT; t++) {
@@ -306,18 +319,21 @@ static inline __attribute__((always_inline)) void q8_0_few(const uint8_t *W, int
                 tail[t] += dw1 * Xq[t * nb + b].d * (float)sum;
             }
         }
-        for (int t = 0; t < NT; t++) Y[t * y_stride + r] = hsum8(_mm256_sub_ps(acc[t], corr[t])) + tail[t];
+        for (int t = 0; t < NT; t++) {
+            const __m256 halves = _mm256_add_ps(_mm512_castps512_ps256(acc[t]), _mm512_extractf32x8_ps(acc[t], 1));
+            Y[t * y_stride + r] = hsum8(_mm256_sub_ps(halves, corr[t])) + tail[t];
+        }
     }
 }
 
-/* Y (T, out) for T = 1..3 tokens through q8_0_few, rows split in contiguous runs per core: each
+/* Y (T, out) for T = 1..Q8_FEW_MAX tokens through q8_0_few, rows split in contiguous runs per core: each
  * core streams one run, which the hardware prefetchers follow as they follow the read probe
  * (software prefetching 0.5 to 8 KB ahead measured no better on 2 Zen 4 cores, and 2-8 KB
  * ahead a third slower). The four-row kernel it replaces read four rows at once with the
  * next four prefetched: on the same cores the output head went from 22 to 57 GB/s. */
 static int matmul_q8_0_few(const uint8_t *W, int64_t row_bytes, int64_t out, int64_t nb, const qblock *Xq,
                            int64_t T, float *Y, int64_t y_stride, int parallel) {
-    /* the activations' quants side by side (32-byte aligned: half the cache lines of the
+    /* the activations' quants side by side (64-byte aligned: half the cache lines of the
      * qblocks, whose other fields these loops do not read), their scales, their excess terms */
     int8_t *xq = aligned_alloc(64, (size_t)(T * nb * 32 + 8 * T * nb) + 64);
     if (!xq) return -1;
@@ -336,9 +352,11 @@ static int matmul_q8_0_few(const uint8_t *W, int64_t row_bytes, int64_t out, int
         const int64_t nt = 1, me = 0;
 #endif
         const int64_t r0 = out * me / nt, r1 = out * (me + 1) / nt;
-        if (T == 1) q8_0_few(W, row_bytes, r0, r1, Xq, xq, xd, cx, nb, 1, Y, y_stride);
-        else if (T == 2) q8_0_few(W, row_bytes, r0, r1, Xq, xq, xd, cx, nb, 2, Y, y_stride);
-        else q8_0_few(W, row_bytes, r0, r1, Xq, xq, xd, cx, nb, 3, Y, y_stride);
+        switch (T) {  /* a copy of the loop per token count, its accumulators in registers */
+#define Q8_FEW(n) case n: q8_0_few(W, row_bytes, r0, r1, Xq, xq, xd, cx, nb, n, Y, y_stride); break;
+        Q8_FEW(1) Q8_FEW(2) Q8_FEW(3) Q8_FEW(4) Q8_FEW(5) Q8_FEW(6) Q8_FEW(7) default: Q8_FEW(8)
+#undef Q8_FEW
+        }
     }
     free(xq);
     return 0;
