@@ -13,7 +13,8 @@ page cache first:
 
 Each run prefills a prompt of random token ids, then decodes greedily, 2 threads (DS4_THREADS),
 and reports prefill and decode t/s, the pool's hit rate, reads ahead used and wasted, the
-bytes read from the file per decoded token, the time decode waited for reads, the peak memory
+bytes read from the file per decoded token, what decode made the OS fetch from storage per
+token (/proc/self/io: the pool's reads, or mmap's page faults), the time decode waited for reads, the peak memory
 of the cgroup and how often it hit its limit. Also prints how unevenly each layer routed (the
 share of the most chosen tenth of its experts). Runs alternate mmap/pool per cap.
 """
