@@ -16,6 +16,10 @@ int ds4_hc_pre(const float *X, int64_t T, int64_t hc, int64_t E, const uint8_t *
     const int64_t F = hc * E, R = (2 + hc) * hc;
     float *flat = malloc((size_t)(T * F) * sizeof *flat), *mix = malloc((size_t)(T * R) * sizeof *mix);
     if (!flat || !mix) { free(flat); free(mix); return -2; }
+    /* Tokens are independent in the norm and in everything after the product: each loop over
+     * them is spread over the cores (a batch of sessions or a prefill chunk; one token's bits
+     * do not depend on which core ran it). */
+#pragma omp parallel for schedule(static) if (T > 1)
     for (int64_t t = 0; t < T; t++) {
         const float *xt = X + t * F;
         double ss = 0.0;
@@ -23,10 +27,13 @@ int ds4_hc_pre(const float *X, int64_t T, int64_t hc, int64_t E, const uint8_t *
         const float r = 1.0f / sqrtf((float)(ss / (double)F) + rms_eps);
         for (int64_t k = 0; k < F; k++) flat[t * F + k] = xt[k] * r;
     }
-    if (alone)  /* different sessions' tokens: each as a product of its own (the matrix is small) */
+    if (alone) {  /* different sessions' tokens: each as a product of its own (the matrix is small), */
+        /* the tokens spread over the cores in one region (each product's own would be one per token) */
+#pragma omp parallel for schedule(static) if (T > 1 && R * F >= (1 << 16))
         for (int64_t t = 0; t < T; t++) matmul(fn, deq, fn_row_bytes, R, F, flat + t * F, F, 1, mix + t * R, R);
-    else
+    } else
         matmul(fn, deq, fn_row_bytes, R, F, flat, F, T, mix, R);
+#pragma omp parallel for schedule(static) if (T > 1)
     for (int64_t t = 0; t < T; t++) {
         const float *m = mix + t * R;
         float pre[16], *post = post_out + t * hc, *M = M_out + t * hc * hc;
