@@ -194,10 +194,10 @@ int ds4_alone_max(void) { return ALONE_MAX_T; }
  * tokens: run by run, every g tokens through the few-token path over the run. g is 1, or up to
  * ALONE_MAX_T where the caller found that path to compute each token, for every count of
  * tokens up to g, as the one-token path does (kernels/cpu.py alone_group checks it on the
- * matrix itself). ``acts``: the tokens
- * quantised by quantise_alone (format f), ``xp`` their kprep() arrangement or NULL. Serial:
- * callers spread runs (or row ranges) over the cores. Sessions decoding together in one batch
- * so get the bits they would get alone (docs/batching.md). */
+ * matrix itself). ``acts``: the tokens quantised by quantise_alone (format f), ``xp`` their
+ * kprep() arrangement or NULL. Serial: callers spread runs (or row ranges) over the cores.
+ * Sessions decoding together in one batch so get the bits they would get alone
+ * (docs/batching.md). */
 static void rows_alone(const uint8_t *W, int type, deq_fn deq, int64_t row_bytes, int64_t out, int64_t n,
                        const float *X, int64_t T, float *Y, int64_t y_stride, int f, const void *acts,
                        const int8_t *xp, int g) {

@@ -329,8 +329,9 @@ static inline __attribute__((always_inline)) void q8_0_few(const uint8_t *W, int
 /* Y (T, out) for T = 1..Q8_FEW_MAX tokens through q8_0_few, rows split in contiguous runs per
  * core: each core streams one run, which the hardware prefetchers follow as they follow the
  * read probe (software prefetching 0.5 to 8 KB ahead measured no better on 2 Zen 4 cores, and
- * 2-8 KB ahead a third slower; on the Intel VM 2 KB ahead pays: cpu.c pf_q8). The four-row kernel it replaces read four rows at once with the
- * next four prefetched: on the same cores the output head went from 22 to 57 GB/s. */
+ * 2-8 KB ahead a third slower; on the Intel VM 2 KB ahead pays: cpu.c pf_q8). The four-row
+ * kernel it replaces read four rows at once with the next four prefetched: on the same cores
+ * the output head went from 22 to 57 GB/s. */
 static int matmul_q8_0_few(const uint8_t *W, int64_t row_bytes, int64_t out, int64_t nb, const qblock *Xq,
                            int64_t T, float *Y, int64_t y_stride, int parallel) {
     /* the activations' quants side by side (64-byte aligned: half the cache lines of the
