@@ -194,8 +194,7 @@ def test_cpu_products_alone_are_each_rows_bits(qtype, n: int) -> None:
 
 def test_the_few_token_group_is_checked_not_assumed() -> None:
     """alone_group answers 1 for a kernel whose few-token sums differ from its one-token sums,
-    and stops at the first count of tokens whose pass differs (as the F16 float path of 4+
-    tokens does)."""
+    and stops at the first count of tokens whose pass differs."""
     rng = np.random.default_rng(9)
     raw = rng.normal(size=(8, 256)).astype(np.float16).view(np.uint8)
     real = cpu.matmul_raw
@@ -216,7 +215,6 @@ def test_the_few_token_group_is_checked_not_assumed() -> None:
         assert cpu.alone_group(raw8, int(Q.Q8_0), 256, True) in (1, 5)  # 1: no few-token Q8_0 kernel here
     finally:
         cpu.matmul_raw = real
-    assert cpu.alone_group(raw, int(Q.F16), 256, False) in (1, 2, 3)
 
 
 def _cpu_flags() -> set[str]:
@@ -228,15 +226,23 @@ def _cpu_flags() -> set[str]:
     return set(line.split(":", 1)[-1].split())
 
 
-@pytest.mark.skipif(not {"avx512_vnni", "avx512vl", "avx512bw"} <= _cpu_flags(),
-                    reason="the 8-token Q8_0 kernel is built for x86-64 with AVX-512 VNNI; this CPU has none")
-def test_q8_0_passes_take_eight_sessions() -> None:
-    """On AVX-512 VNNI the few-token Q8_0 kernel sums each token the same way whatever the
-    count, so a batch of up to 8 sessions reads each dense matrix once in one pass (a change
-    that made a token's sums depend on the count would silently drop batches to one token
-    per pass: slower, still exact)."""
-    raw = random_blocks(Q.Q8_0, 8, 4096 // 32, 4)
-    assert cpu.alone_group(raw, int(Q.Q8_0), 4096, True) == 8
+@pytest.mark.parametrize("qtype,int8,needs", [
+    (Q.Q8_0, True, {"avx512_vnni", "avx512vl", "avx512bw"}),  # the few-token Q8_0 kernel
+    (Q.F16, True, {"f16c", "fma"}),  # the one-token F16 dots (no integer path for F16)
+    (Q.F16, False, {"f16c", "fma"}),
+])
+def test_passes_take_eight_sessions(qtype, int8: bool, needs: set[str]) -> None:
+    """Where these kernels are built, a token's sums are the same operations whatever the
+    count of tokens, so a batch of up to 8 sessions reads each dense matrix once in one pass
+    (a change that made a token's sums depend on the count would silently drop batches to
+    fewer tokens per pass: slower, still exact)."""
+    if not needs <= _cpu_flags():
+        pytest.skip(f"this kernel is built for x86-64 with {', '.join(sorted(needs))}; this CPU lacks some")
+    if qtype == Q.F16:
+        raw = np.random.default_rng(4).normal(size=(8, 4096)).astype(np.float16).view(np.uint8)
+    else:
+        raw = random_blocks(qtype, 8, 4096 // 32, 4)
+    assert cpu.alone_group(raw, int(qtype), 4096, int8) == 8
 
 
 def test_gpu_plans_alone_split_as_one_token() -> None:

@@ -183,8 +183,8 @@ static int quantise_alone(int type, const float *X, int64_t T, int64_t n, int in
     return f;
 }
 
-/* The most tokens one pass of the alone products takes: the few-token Q8_0 kernel's and the
- * IQ2_XXS/Q2_K register kernels' widths. */
+/* The most tokens one pass of the alone products takes: the widths of the few-token Q8_0
+ * kernel, the IQ2_XXS/Q2_K register kernels and the F16 one-token dots. */
 #define ALONE_MAX_T 8
 
 int ds4_alone_max(void) { return ALONE_MAX_T; }
