@@ -297,7 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--cors", metavar="ORIGIN", help="allow browser requests from ORIGIN ('*' for any)")
     sv.add_argument("--parallel", default="auto", metavar="N",
                     help="requests generating at once, each in its own slot with a context's KV; their decode "
-                         "steps run as one batch (default auto: as many as the memory left holds, at most 4)")
+                         "steps run as one batch (default auto: as many as the memory left holds, at most 8)")
     sv.add_argument("--queue", type=int, default=16, metavar="N",
                     help="requests that may wait for a free slot (default 16)")
     sv.add_argument("--sessions", metavar="DIR", help="on-disk KV cache folder (default: the session store)")

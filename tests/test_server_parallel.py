@@ -118,3 +118,17 @@ def test_parallel_flag_is_checked(demo_path, capsys) -> None:
 
     assert main(["serve", "-m", str(demo_path), "--parallel", "0"]) == 2
     assert "--parallel takes a whole number of at least 1 or 'auto'" in capsys.readouterr().err
+
+
+def test_auto_slots_are_what_memory_holds_up_to_eight(engine, monkeypatch) -> None:
+    """`--parallel auto`: as many slots as the memory left beside the model holds at the
+    context size, at most 8 (one pass of the batched products), at least 1, and 1 where the
+    available memory cannot be told."""
+    from ds4agent.engine import expertpool
+
+    kv = engine.session_room()[1]
+    model = engine.file.file_size
+    cases = [(model + 100 * kv, 8), (model + 3 * kv + kv // 2, 3), (model, 1), (None, 1)]
+    for available, slots in cases:
+        monkeypatch.setattr(expertpool, "available_memory", lambda a=available: (a, "test"))
+        assert engine.session_room() == (slots, kv), available

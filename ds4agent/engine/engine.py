@@ -409,12 +409,16 @@ class Engine:
 
         return batches(self._parts.model)
 
-    def session_room(self, most: int = 4) -> tuple[int, int]:
+    def session_room(self, most: int = 8) -> tuple[int, int]:
         """(how many sessions at the engine's context the machine has room for beside the
         model, 1 .. ``most``; the bytes one session's KV takes at that context): the default
-        number of server slots. The model counts as the file's size, or with experts
-        streaming as its dense weights and the pool; the room is the memory available now
-        (engine/expertpool.py available_memory: MemAvailable or the cgroup's room)."""
+        number of server slots. At most 8: the CPU kernels' batched products take 8 sessions'
+        tokens in one pass over each matrix, the GPU kernels tile 8 tokens per thread, and on
+        the 4-layer shape model 8 streams gave 2.9x one stream's aggregate against 2.3x for 4
+        (README, "Several requests at once"); idle slots cost only their KV as it grows. The
+        model counts as the file's size, or with experts streaming as its dense weights and
+        the pool; the room is the memory available now (engine/expertpool.py
+        available_memory: MemAvailable or the cgroup's room)."""
         from .state import payload_size
 
         kv = payload_size(self.info.config, self.ctx)
