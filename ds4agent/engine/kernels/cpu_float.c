@@ -304,14 +304,16 @@ static float dot_f16(const uint8_t *w, const float *x, int64_t n) {
 #define HAVE_DOT_F16 1
 #endif
 
+#define F16_FEW_MAX 8
+
 static void matmul(const uint8_t *W, deq_fn deq, int64_t row_bytes, int64_t out, int64_t n,
                    const float *X, int64_t x_stride, int64_t T, float *Y, int64_t y_stride) {
 #ifdef HAVE_DOT_F16
-    /* Up to 8 tokens (a batch of sessions, a verification pass, the router's few rows) each
-     * take the one-token dot row by row, so each token's sums are those it gets alone and a
-     * batch reads the matrix once in one pass (kernels/cpu.py alone_group); more tokens (a
-     * prefill chunk) the decoded-row tiles below. */
-    if (deq == deq_f16 && T <= 8) {
+    /* Up to F16_FEW_MAX tokens (a batch of sessions, a verification pass) each take the
+     * one-token dot row by row, so each token's sums are those it gets alone and a batch reads
+     * the matrix once in one pass (kernels/cpu.py alone_group); more tokens (a prefill chunk)
+     * the decoded-row tiles below. */
+    if (deq == deq_f16 && T <= F16_FEW_MAX) {
 #pragma omp parallel for schedule(static) if (out * n >= (1 << 16))
         for (int64_t r = 0; r < out; r++)
             for (int64_t t = 0; t < T; t++) Y[t * y_stride + r] = dot_f16(W + r * row_bytes, X + t * x_stride, n);

@@ -186,6 +186,10 @@ static int quantise_alone(int type, const float *X, int64_t T, int64_t n, int in
 /* The most tokens one pass of the alone products takes: the widths of the few-token Q8_0
  * kernel, the IQ2_XXS/Q2_K register kernels and the F16 one-token dots. */
 #define ALONE_MAX_T 8
+_Static_assert(ALONE_MAX_T >= F16_FEW_MAX && ALONE_MAX_T >= KT_MAX, "a pass must fit every few-token path");
+#if defined(HAVE_Q8_FEW)
+_Static_assert(ALONE_MAX_T >= Q8_FEW_MAX, "a pass must fit the few-token Q8_0 kernel");
+#endif
 
 int ds4_alone_max(void) { return ALONE_MAX_T; }
 
