@@ -22,17 +22,25 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = ROOT / "tests" / "distributed_worker.py"
 LAUNCH = Path(sys.executable).parent / "mlx.launch"
-PORT = [39000 + 97 * (os.getpid() % 200)]  # a port range per test run (runs may overlap)
+# A port range per test run (runs may overlap), below Linux's ephemeral range (32768 and up),
+# where the kernel hands out ports to every outgoing connection and one could hold a rank's.
+PORT = [20000 + 61 * (os.getpid() % 200)]
 
 
 def launch(n: int, args: list[str], timeout: float = 240, env: dict | None = None) -> subprocess.CompletedProcess:
-    """Run ``args`` (a script and its arguments) as n ranks on loopback."""
-    port = PORT[0]
-    PORT[0] += n + 3
-    cmd = [str(LAUNCH), "-n", str(n), "--backend", "ring", "--starting-port", str(port), "--python", sys.executable,
-           "--", *args]
+    """Run ``args`` (a script and its arguments) as n ranks on loopback. The ranks bind their
+    ports only after start-up, so another process can take one meanwhile: a group that could
+    not bind runs again on the next ports."""
     full = {**os.environ, **(env or {})}
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full, cwd=ROOT)
+    for _ in range(3):
+        port = PORT[0]
+        PORT[0] += n + 3
+        cmd = [str(LAUNCH), "-n", str(n), "--backend", "ring", "--starting-port", str(port), "--python",
+               sys.executable, "--", *args]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full, cwd=ROOT)
+        if done.returncode == 0 or "Couldn't bind socket (error: 98)" not in done.stdout + done.stderr:
+            break  # 98: EADDRINUSE
+    return done
 
 
 def run_single(path: Path, kernels: str, out: Path, snapshot_out: Path | None = None) -> dict:
