@@ -146,7 +146,8 @@ def test_lru_evicts_the_least_recently_used(demo_path: Path) -> None:
         assert (pool.stats.hits, pool.stats.misses) == (1, 4)
 
 
-def test_lfu_keeps_the_often_used_and_ages_the_counts(demo_path: Path) -> None:
+def test_lfu_keeps_the_often_used_and_ages_the_counts(demo_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(expertpool, "AGE_EVERY", 1)  # counts halved every 3 uses (3 slots)
     with _pooled(demo_path, 3, "lfu") as (f, pool):
         for e in (0, 0, 0, 1, 2, 3):  # lru would evict 0 (the oldest use); lfu evicts 1 (used least, older than 2)
             _use(pool, 4, e)
@@ -157,10 +158,26 @@ def test_lfu_keeps_the_often_used_and_ages_the_counts(demo_path: Path) -> None:
             _use(pool, 4, 2)
             _use(pool, 4, 3)
         # Without ageing 0 (13 uses) would stay and 2 (5 uses, older than 3) go; the counts are
-        # halved each time as many uses as there are slots have passed, so 0's old uses count
-        # for little now and the recent favourites stay.
+        # halved every 3 uses here, so 0's old uses count for little now and the recent
+        # favourites stay.
         _use(pool, 4, 6)
         assert pool.resident() == [(4, 2), (4, 3), (4, 6)]
+
+
+def test_lfu_remembers_an_evicted_experts_uses(demo_path: Path) -> None:
+    """Counts belong to experts, not slots: an expert read again comes back with the uses it
+    had, so under skewed routing a popular expert pushed out once is not the next victim."""
+    with _pooled(demo_path, 3, "lfu") as (f, pool):
+        for e in (2, 2, 0, 0, 0, 1, 3):  # 3 evicts 1 (one use)
+            _use(pool, 4, e)
+        assert pool.resident() == [(4, 0), (4, 2), (4, 3)]
+        _use(pool, 4, 1)  # evicts 3 (one use, against 2's two); 1 now has two uses
+        _use(pool, 4, 4)  # 1 and 2 both at two uses: the older use goes, 2's (a count per slot would evict 1)
+        assert pool.resident() == [(4, 0), (4, 1), (4, 4)]
+        pool.prefetch(4, np.array([5]))  # evicts 4 (one use); 5 is read ahead, not used yet
+        pool.settle()
+        _use(pool, 4, 6)  # 5 has no use at all, but it was read to be used: 1 (two uses) goes
+        assert pool.resident() == [(4, 0), (4, 5), (4, 6)]
 
 
 def test_a_call_holds_its_experts_while_it_runs(demo_path: Path) -> None:
