@@ -17,7 +17,9 @@
    layer's distinct experts: E(1 - (1 - k/E)^n) under uniform routing, which overlaps less
    than real routing does, so it overstates the cost), the bytes of an MTP draft (the block's
    tensors, its k experts, the output matrix again), and from them the speedup of MTP drafts
-   and of proposals kept at a per-token rate.
+   and of proposals kept at a per-token rate. With --routing FILE (a model whose routing stands
+   for the real one's, such as the skewed shape model), again with the distinct experts that
+   n consecutive greedy tokens of FILE chose, per layer, in place of uniform routing's.
 3. End to end, greedy decode t/s side by side: plain; with proposals that are the true
    continuation (a scripted drafter replaying a plain run: what a continuation that repeats
    the context gives, and a random-weight model never repeats on its own); the same with every
@@ -131,8 +133,39 @@ def mtp_on_paper(costs: dict[int, float], first1: float, first2: float) -> None:
             print(f"{a},{k},{tokens:.2f},{cost:.3f},{speed:.2f}")
 
 
-def bandwidth_on_paper() -> None:
-    """Section 2 of the module's docstring."""
+def routing_distinct(path: str, steps: int) -> dict[bool, list[float]]:
+    """Per kind of layer (hash-routed or not): the mean number of distinct routed experts that
+    n = 1..7 consecutive tokens choose, over ``steps`` greedy steps of the model at ``path``
+    after a 64-token prompt (each step's choice recorded from the expert call)."""
+    chosen: dict[int, list[set[int]]] = {}
+    with Engine.open(path, backend="cpu", ctx=steps + 96) as e:
+        k = e.model.k
+        experts = k.experts
+
+        def recording(layer, x, sel, *args, **kw):
+            sel = np.asarray(sel)
+            if sel.shape[0] == 1:  # decode steps only (the prompt's chunk is one call of 64)
+                chosen.setdefault(layer, []).append(set(sel.reshape(-1).tolist()))
+            return experts(layer, x, sel, *args, **kw)
+
+        k.experts = recording
+        s = e.session()
+        s.sync(np.random.default_rng(1).integers(1000, 100000, 64).tolist())
+        for _ in s.generate(GREEDY, max_tokens=steps, stop_at_eos=False):
+            pass
+        cfg = e.info.config
+    kinds: dict[bool, list[list[float]]] = {}
+    for layer, sets in chosen.items():
+        kinds.setdefault(cfg.is_hash_layer(layer), []).append(
+            [float(np.mean([len(set().union(*sets[i : i + n])) for i in range(len(sets) - n + 1)]))
+             for n in range(1, 8)])
+    return {hashed: list(np.mean(rows, axis=0)) for hashed, rows in kinds.items()}
+
+
+def bandwidth_on_paper(routing: dict[bool, list[float]] | None = None, source: str = "") -> None:
+    """Section 2 of the module's docstring; ``routing``: routing_distinct's result, which
+    replaces uniform routing's distinct experts (Flash's hash layers take the hash layers'
+    figures, the others the learned-routing layers')."""
     from gguf.constants import GGMLQuantizationType as Q
 
     from ds4agent.modelfile.config import FLASH, expected_tensors
@@ -162,11 +195,21 @@ def bandwidth_on_paper() -> None:
                 * (c.n_expert_used if "_exps." in n else 1) for n, sp in mtp_tensors(c).items())
     draft = block + head
 
-    def pass_bytes(n: int) -> float:
-        return dense + expert * c.n_expert * (1 - (1 - c.n_expert_used / c.n_expert) ** n)
+    def distinct(n: int) -> float:  # per layer, averaged over Flash's layers
+        if routing is None:
+            return c.n_expert * (1 - (1 - c.n_expert_used / c.n_expert) ** n)
+        hashed = sum(c.is_hash_layer(i) for i in range(c.n_layer))
+        learned = routing.get(False, routing.get(True))
+        return (hashed * routing.get(True, learned)[n - 1] + (c.n_layer - hashed) * learned[n - 1]) / c.n_layer
+
+    def pass_bytes(n: int) -> float:  # expert: the bytes of one expert of every layer
+        return dense + expert * distinct(n)
 
     step = pass_bytes(1)
     gib = 2**30
+    if routing is not None:
+        print(f"q2 on paper with the routing of {source}: consecutive tokens share "
+              f"{2 * distinct(1) - distinct(2):.2f} of {distinct(1):.2f} experts per layer")
     print(f"q2 on paper: a step reads {step / gib:.2f} GiB (dense {dense / gib:.2f}, experts "
           f"{(step - dense) / gib:.2f}); an MTP draft {draft / gib:.3f} GiB ({draft / step:.3f} step)")
     print("positions,bytes_vs_step")
@@ -188,7 +231,7 @@ def bandwidth_on_paper() -> None:
     room = (tokens / 1.3 - draft / step) * step - step  # bytes the second position may add
     shared = c.n_expert_used - room / per_expert
     print(f"mtp at 0.6 reaches 1.3x when two consecutive tokens share >= {shared:.2f} of their {c.n_expert_used} "
-          f"experts per layer (uniform routing: {c.n_expert_used ** 2 / c.n_expert:.2f})")
+          f"experts per layer (here: {2 * distinct(1) - distinct(2):.2f})")
     # DSpark: a mean accepted length of 2.7 at 5 drafts (the drafts kept per pass), its own
     # draft cost unknown here: the verification side alone.
     print(f"dspark (2.7 kept of 5, verification only): {(1 + 2.7) / (pass_bytes(6) / step):.2f}x")
@@ -225,8 +268,12 @@ def main() -> None:
     ap.add_argument("--gen", type=int, default=48)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--mtp", metavar="FILE", help="an MTP file for the model: its draft cost, and it drafting")
+    ap.add_argument("--routing", metavar="FILE", help="on paper also with this model's routing (section 2)")
+    ap.add_argument("--routing-steps", type=int, default=150)
     a = ap.parse_args()
     bandwidth_on_paper()
+    if a.routing:
+        bandwidth_on_paper(routing_distinct(a.routing, a.routing_steps), Path(a.routing).name)
     with Engine.open(a.model, backend=a.backend, ctx=a.prompt + a.gen + 64) as e:
         prompt = np.random.default_rng(0).integers(1000, 100000, a.prompt).tolist()
         print(f"model {Path(a.model).name}, {e.info.kernels} kernels, prompt {a.prompt}, {a.gen} greedy tokens")
