@@ -60,16 +60,20 @@ def child(a: argparse.Namespace) -> None:
         after_prefill = e.streaming() or {}
         io0 = _storage_read()
         t = time.perf_counter()
-        n, stamps = 0, []
+        n, stamps, read = 0, [], []
         for _ in s.generate(SamplingParams(temperature=0), max_tokens=a.gen, stop_at_eos=False):
             n += 1
             stamps.append(time.perf_counter())
+            read.append((e.streaming() or {}).get("bytes_read", 0))  # the pool's reads so far
         decode = (n - 1) / (stamps[-1] - t)  # the first token was sampled from the prefill
         # What decode made the OS fetch from storage (pool reads and mmap page faults alike).
         storage = (_storage_read() - io0) / max(1, n - 1)
         # Whether the rate holds: t/s over each quarter of the decoded tokens.
         cuts = np.linspace(0, n - 1, 5).round().astype(int)
         quarters = [round((b - a_) / (stamps[b] - stamps[a_]), 2) for a_, b in zip(cuts[:-1], cuts[1:]) if b > a_]
+        # and the pool's reads per token over each quarter (a policy's steady state is the last)
+        read_quarters = [round((read[b] - read[a_]) / (b - a_) / 2**20, 1) for a_, b in zip(cuts[:-1], cuts[1:])
+                         if b > a_]
         pool = e.streaming() or {}
         lines = list(e.info.devices)
     tenth = {}
@@ -79,7 +83,7 @@ def child(a: argparse.Namespace) -> None:
     out = {"prefill_tps": prefill, "decode_tps": decode, "open_s": opened, "lines": lines, "tenth": tenth,
            "maxrss": _maxrss(), "quarters": quarters, "storage_per_token": storage}
     if pool:
-        out["pool"] = pool
+        out["pool"], out["read_quarters"] = pool, read_quarters
         d = {key: pool[key] - after_prefill.get(key, 0) for key in ("bytes_read", "stall_s", "hits", "misses")}
         out["decode_bytes_per_token"] = d["bytes_read"] / max(1, n - 1)
         out["decode_stall_s"] = d["stall_s"]
@@ -212,7 +216,8 @@ def main() -> None:
                 if "pool" in r:
                     p = r["pool"]
                     line += (f"; pool {p['slots']} slots, decode hit rate {100 * r['decode_hit_rate']:.1f}%, "
-                             f"{r['decode_bytes_per_token'] / 2**20:.0f} MiB read per token, decode waited "
+                             f"{r['decode_bytes_per_token'] / 2**20:.0f} MiB read per token (by quarter "
+                             f"{' / '.join(map(str, r['read_quarters']))}), decode waited "
                              f"{r['decode_stall_s']:.2f} s, read ahead {p['prefetch_used']} used / {p['wasted']} "
                              f"wasted of {p['prefetched']}")
                 if "peak" in r:
