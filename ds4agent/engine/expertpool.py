@@ -184,10 +184,8 @@ class PoolStats:
 
 @dataclass
 class _Slot:
-    key: int = -1  # layer * n_expert + expert, -1 when empty
     loading: Future | None = None
     pins: int = 0
-    unused_prefetch: bool = False
 
 
 class ExpertPool:
@@ -228,8 +226,8 @@ class ExpertPool:
         self._busy = np.zeros(self.slots, dtype=bool)  # held by a call, or being read
         self._last = np.full(self.slots, -1.0)  # tick of the last use (-1: empty, taken first)
         self._freq = np.zeros(cfg.n_layer * cfg.n_expert)  # aged use counts per expert (lfu)
-        self._keys = np.full(self.slots, -1)  # each slot's key, and whether it is an unused read
-        self._fresh = np.zeros(self.slots, dtype=bool)  # ahead: the slots' fields as arrays (lfu)
+        self._keys = np.full(self.slots, -1)  # each slot's key: layer * n_expert + expert, -1 empty
+        self._fresh = np.zeros(self.slots, dtype=bool)  # read ahead and not used yet
         self._tick = 0
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)  # a read finished
@@ -409,8 +407,8 @@ class ExpertPool:
         slot = self._slot[s] if s is not None else None
         if slot is not None:
             self.stats.hits += 1
-            if slot.unused_prefetch:
-                slot.unused_prefetch = self._fresh[s] = False
+            if self._fresh[s]:
+                self._fresh[s] = False
                 self.stats.prefetch_used += 1
         else:
             self.stats.misses += 1
@@ -421,7 +419,7 @@ class ExpertPool:
                 if s is not None:
                     break
                 s = self._victim()
-            if self._slot[s].key != key:
+            if self._keys[s] != key:
                 self._load(s, key, prefetch=False)
             slot = self._slot[s]
         slot.pins += 1
@@ -447,20 +445,17 @@ class ExpertPool:
         # A read ahead not used yet goes after every used slot: its expert is wanted soon.
         keys = self._keys
         uses = np.where(keys >= 0, self._freq[keys], -1.0) + np.where(self._fresh, np.inf, 0.0)
-        uses = np.where(self._busy, np.nan, uses)
-        if np.isnan(uses).all():
-            return None
+        uses = np.where(self._busy, np.nan, uses)  # not all busy: checked above
         low = np.flatnonzero(uses == np.nanmin(uses))
         return int(low[np.argmin(self._last[low])])  # the least used; of those the oldest
 
     def _load(self, s: int, key: int, prefetch: bool) -> None:
         """Slot ``s`` now stands for ``key`` and is being read. Under the lock."""
         slot = self._slot[s]
-        if slot.key >= 0:
-            del self._where[slot.key]
-            if slot.unused_prefetch:
+        if self._keys[s] >= 0:
+            del self._where[int(self._keys[s])]
+            if self._fresh[s]:
                 self.stats.wasted += 1
-        slot.key, slot.unused_prefetch = key, prefetch
         self._keys[s], self._fresh[s] = key, prefetch
         self._where[key] = s
         self._busy[s] = True
@@ -481,9 +476,9 @@ class ExpertPool:
         except BaseException:
             with self._lock:  # the slot holds nothing usable: forget it
                 slot = self._slot[s]
-                if self._where.get(slot.key) == s:
-                    del self._where[slot.key]
-                slot.key, slot.loading, slot.unused_prefetch = -1, None, False
+                if self._where.get(int(self._keys[s])) == s:
+                    del self._where[int(self._keys[s])]
+                slot.loading = None
                 self._keys[s], self._fresh[s] = -1, False
                 self._last[s] = -1.0
                 self._busy[s] = slot.pins > 0
