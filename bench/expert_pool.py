@@ -131,7 +131,10 @@ def run_one(model: str, mode: str, cap: int, a: argparse.Namespace) -> dict:
             "--gen", str(a.gen), "--seed", str(a.seed)]
     env = dict(os.environ, DS4_THREADS=str(a.threads))
     if mode.startswith("pool-"):
-        env["DS4_POOL_POLICY"] = mode[5:]
+        policy, _, reads = mode[5:].partition("-")
+        env["DS4_POOL_POLICY"] = policy
+        if reads == "cached":
+            env["DS4_POOL_DIRECT"] = "0"
     group = None
     if cap:
         where = _cgroup_dir()
@@ -180,7 +183,8 @@ def main() -> None:
     ap.add_argument("--gen", type=int, default=12)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--modes", default="mmap,pool", help="mmap, pool (DS4_POOL_POLICY's), pool-lru, pool-lfu")
+    ap.add_argument("--modes", default="mmap,pool", help="mmap, pool (DS4_POOL_POLICY's), pool-lru, pool-lfu; "
+                    "-cached after the policy: reads through the page cache (DS4_POOL_DIRECT=0)")
     ap.add_argument("--repeat", type=int, default=1, help="runs of each mode, alternating; medians reported")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--mode", default="pool", help=argparse.SUPPRESS)

@@ -90,6 +90,12 @@ def pool_policy() -> str:
     return os.environ.get("DS4_POOL_POLICY") or "lru"
 
 
+def pool_direct() -> bool:
+    """$DS4_POOL_DIRECT: "0" makes the expert pool read through the page cache even where direct
+    reads work (a comparison; direct is the default)."""
+    return os.environ.get("DS4_POOL_DIRECT", "1") != "0"
+
+
 def memory_budget_choice() -> int | str:
     """$DS4_MEMORY_BUDGET, else 'memory_budget' in config.toml, else "auto"."""
     text = os.environ.get("DS4_MEMORY_BUDGET")

@@ -29,6 +29,14 @@ def _slot(path: Path) -> int:
         return expertpool.slot_bytes(f, config_from_gguf(f))
 
 
+def _reads_direct(path: Path) -> bool:
+    """Whether this file system takes the pool's direct reads (GGUFFile.read_direct)."""
+    import mmap
+
+    with GGUFFile(path) as f:
+        return f.read_direct(0, 1, np.frombuffer(mmap.mmap(-1, 4096), dtype=np.uint8)) is not None
+
+
 def _run(path: Path, budget, kernels: str | None = None, prompt: list[int] = PROMPTS[0]):
     """Prefill, 6 greedy tokens; the last logits, the tokens, the saved session, the pool's counters."""
     with Engine.open(path, backend="cpu", ctx=256, kernels=kernels, memory_budget=budget) as e:
@@ -38,14 +46,19 @@ def _run(path: Path, budget, kernels: str | None = None, prompt: list[int] = PRO
         return np.array(s.logits), tokens, s.snapshot(), e.streaming()
 
 
-@pytest.mark.parametrize("kernels,slots", [(None, 1), (None, 3), (None, 20), ("cpu-exact", 2)])
-def test_same_logits_tokens_and_saved_session_whatever_the_budget(demo_path: Path, kernels, slots: int) -> None:
+@pytest.mark.parametrize("kernels,slots,direct", [(None, 1, "1"), (None, 3, "1"), (None, 3, "0"), (None, 20, "1"),
+                                                  ("cpu-exact", 2, "1")])
+def test_same_logits_tokens_and_saved_session_whatever_the_budget(demo_path: Path, kernels, slots: int,
+                                                                  direct: str, monkeypatch) -> None:
     """One slot makes every layer run expert by expert in separate calls (prefill by whole
-    experts, decode by rows); the sums must still be added in the same order."""
+    experts, decode by rows); the sums must still be added in the same order. Read past the
+    page cache or through it (DS4_POOL_DIRECT=0), the same bits."""
     want = _run(demo_path, None, kernels)
     assert want[3] is None  # the whole tiny model fits: nothing streams
+    monkeypatch.setenv("DS4_POOL_DIRECT", direct)
     got = _run(demo_path, slots * _slot(demo_path), kernels)
     assert got[3]["slots"] == slots and got[3]["misses"] > 0
+    assert got[3]["direct"] == (direct == "1" and _reads_direct(demo_path))
     assert np.array_equal(got[0].view(np.uint32), want[0].view(np.uint32))
     assert got[1] == want[1]
     assert got[2] == want[2]
@@ -101,16 +114,16 @@ def test_the_pool_stays_within_its_budget_when_the_expert_set_changes(demo_path:
         assert stats["bytes_read"] > 7 * slot  # experts were evicted and read again
 
 
-def _direct_pool(path: Path, slots: int, policy: str = "lru") -> tuple[GGUFFile, ExpertPool]:
+def _direct_pool(path: Path, slots: int, policy: str = "lru", direct: bool = True) -> tuple[GGUFFile, ExpertPool]:
     f = GGUFFile(path)
     cfg = config_from_gguf(f)
-    return f, ExpertPool(f, cfg, slots * expertpool.slot_bytes(f, cfg), policy=policy)
+    return f, ExpertPool(f, cfg, slots * expertpool.slot_bytes(f, cfg), policy=policy, direct=direct)
 
 
 @contextmanager
-def _pooled(path: Path, slots: int, policy: str = "lru") -> Iterator[tuple[GGUFFile, ExpertPool]]:
+def _pooled(path: Path, slots: int, policy: str = "lru", direct: bool = True) -> Iterator[tuple[GGUFFile, ExpertPool]]:
     """_direct_pool for the length of a block: the pool, then the file, closed after it."""
-    f, pool = _direct_pool(path, slots, policy)
+    f, pool = _direct_pool(path, slots, policy, direct)
     try:
         yield f, pool
     finally:
@@ -123,8 +136,14 @@ def _use(pool: ExpertPool, layer: int, *experts: int) -> None:
         pass
 
 
-def test_a_slot_holds_the_experts_bytes_from_the_file(demo_path: Path) -> None:
-    with _pooled(demo_path, 4) as (f, pool):
+@pytest.mark.parametrize("reads", ["direct", "cached", "direct refused"])
+def test_a_slot_holds_the_experts_bytes_from_the_file(demo_path: Path, reads: str, monkeypatch) -> None:
+    """Direct reads place each matrix at its own offset within its region (its offset within
+    a page of the file), reads through the page cache at the region's start; where the file
+    system refuses direct reads the pool reads through the page cache from then on."""
+    with _pooled(demo_path, 4, direct=reads != "cached") as (f, pool):
+        if reads == "direct refused":
+            monkeypatch.setattr(f, "read_direct", lambda offset, length, out: None)
         cfg = config_from_gguf(f)
         layer, experts = cfg.n_layer - 1, [1, cfg.n_expert - 1]
         with pool.holding(layer, np.array(experts)) as rows:
@@ -133,7 +152,11 @@ def test_a_slot_holds_the_experts_bytes_from_the_file(demo_path: Path) -> None:
                 for e in experts:
                     assert ctypes.string_at(int(table[e]), t[e].nbytes) == t[e].tobytes()
                 assert table[0] == 0  # not held by this call
+                if reads == "direct":
+                    assert [int(table[e]) % 4096 for e in experts] == [(t.ctypes.data + t[e].nbytes * e) % 4096
+                                                                        for e in experts]
             assert rows.F == f.tensors[f"blk.{layer}.ffn_gate_exps.weight"].shape[1]
+        assert pool.direct == (reads == "direct")
 
 
 def test_lru_evicts_the_least_recently_used(demo_path: Path) -> None:
@@ -200,18 +223,19 @@ def test_reads_ahead_are_counted_used_or_wasted(demo_path: Path) -> None:
         assert pool.stats.wasted == 1
 
 
-def test_a_failed_read_raises_in_the_call_and_frees_the_slot(demo_path: Path, monkeypatch) -> None:
-    with _pooled(demo_path, 2) as (f, pool):
-        real = f.read_into
+@pytest.mark.parametrize("reader", ["read_direct", "read_into"])
+def test_a_failed_read_raises_in_the_call_and_frees_the_slot(demo_path: Path, monkeypatch, reader: str) -> None:
+    with _pooled(demo_path, 2, direct=reader == "read_direct") as (f, pool):
+        real = getattr(f, reader)
         calls = {"n": 0}
 
-        def failing(offset, out):
+        def failing(*args):
             calls["n"] += 1
             if calls["n"] == 1:
                 raise OSError(5, "Input/output error")
-            real(offset, out)
+            return real(*args)
 
-        monkeypatch.setattr(f, "read_into", failing)
+        monkeypatch.setattr(f, reader, failing)
         with pytest.raises(OSError, match="Input/output"):
             _use(pool, 3, 1)
         assert pool.resident() == []  # nothing half-read is kept
@@ -453,12 +477,12 @@ def test_experts_wider_than_the_hidden_size_stream_to_the_same_bits(wide_path: P
         got = _run(wide_path, slots * _slot(wide_path), prompt=PROMPTS[1])
         assert got[3]["slots"] == slots
         assert np.array_equal(got[0].view(np.uint32), want[0].view(np.uint32)) and got[1:3] == want[1:3]
-    with _pooled(wide_path, 4) as (f, pool):
+    with _pooled(wide_path, 4, direct=False) as (f, pool):
         with pool.holding(1, np.array([2, 5])) as rows:
             assert (rows.F, rows.gu_row_bytes) == (512, f.tensors["blk.1.ffn_gate_exps.weight"].row_bytes)
             assert rows.d_row_bytes == f.tensors["blk.1.ffn_down_exps.weight"].row_bytes
-            for table in (rows.gate, rows.up, rows.down):  # every matrix of a slot on a cache line
-                assert table[2] % 64 == 0 and table[5] % 64 == 0
+            for table in (rows.gate, rows.up, rows.down):  # read through the page cache: on a page
+                assert table[2] % 4096 == 0 and table[5] % 4096 == 0
             assert rows.up[2] - rows.gate[2] >= f.tensors["blk.1.ffn_gate_exps.weight"].nbytes // 16
 
 
@@ -478,8 +502,9 @@ def test_slot_size_is_the_largest_expert_of_any_layer_in_whole_pages() -> None:
             tensors[name] = TensorInfo(name, t, dims, 4096 * len(tensors), tensor_nbytes(t, dims))
     f = SimpleNamespace(tensors=tensors)
     cfg = SimpleNamespace(n_layer=2, n_expert=n)
-    q4 = 3 * tensors["blk.1.ffn_gate_exps.weight"].nbytes // n
-    assert expertpool.slot_bytes(f, cfg) == -(-q4 // 4096) * 4096
+    q4 = tensors["blk.1.ffn_gate_exps.weight"].nbytes // n
+    region = -(-q4 // 4096) * 4096 + 4096  # whole pages and one more: where a direct read may land it
+    assert expertpool.slot_bytes(f, cfg) == 3 * region
     assert expertpool.expert_bytes(f, cfg) == sum(t.nbytes for t in tensors.values())
     up = tensors["blk.1.ffn_up_exps.weight"]
     tensors[up.name] = TensorInfo(up.name, 16, up.dims, up.offset, tensor_nbytes(16, up.dims))
@@ -647,7 +672,7 @@ def test_close_waits_for_the_readers_and_frees_the_slots(demo_path: Path) -> Non
 def test_a_call_waits_while_every_slot_is_held_or_being_read(demo_path: Path, monkeypatch) -> None:
     import time
 
-    with _pooled(demo_path, 2) as (f, pool):
+    with _pooled(demo_path, 2, direct=False) as (f, pool):
         real = f.read_into
 
         def slow(offset, out):

@@ -15,7 +15,7 @@ from helpers import damage
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ds4agent.modelfile.gguf import GGUFError, GGUFFile, tensor_nbytes, write_gguf
+from ds4agent.modelfile.gguf import DIRECT_ALIGN, GGUFError, GGUFFile, direct_span, tensor_nbytes, write_gguf
 from ds4agent.modelfile.gguf import ValueType as V
 
 Q = gguf.GGMLQuantizationType
@@ -372,3 +372,60 @@ def test_writer_makes_each_tensor_when_it_writes_it(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="t: 160 bytes given"):
         write_gguf(tmp_path / "bad.gguf", {}, [("t", Q.F32, (64,), lambda: np.zeros(40, np.float32))])
     assert not list(tmp_path.glob("bad.gguf*"))
+
+
+def _aligned(n: int) -> np.ndarray:
+    import mmap
+
+    return np.frombuffer(mmap.mmap(-1, n), dtype=np.uint8)  # page-aligned, as the expert pool's slots
+
+
+def test_reads_past_the_page_cache_land_the_bytes_at_their_offset_in_a_page(demo_path: Path) -> None:
+    """read_direct (the expert pool's reads): whole pages of the file, the asked bytes at their
+    file offset within the first page; read_into the same bytes at the buffer's start."""
+    with GGUFFile(demo_path) as f:
+        t = f.tensors["blk.1.ffn_down_exps.weight"]
+        want = f.array(t.name)[3].tobytes()
+        offset, n = t.offset + 3 * len(want), len(want)
+        span = direct_span(offset, n)
+        assert span % DIRECT_ALIGN == 0 and span >= offset % DIRECT_ALIGN + n > span - DIRECT_ALIGN
+        buf = _aligned(span + DIRECT_ALIGN)
+        skip = f.read_direct(offset, n, buf)
+        if skip is None:
+            pytest.skip("this file system does not read with O_DIRECT")
+        assert skip == offset % DIRECT_ALIGN and buf[skip : skip + n].tobytes() == want
+        assert f.read_direct(f.file_size - 5, 5, buf) == (f.file_size - 5) % DIRECT_ALIGN  # the file's last page
+        assert buf[(f.file_size - 5) % DIRECT_ALIGN :][:5].tobytes() == Path(demo_path).read_bytes()[-5:]
+        copy = _aligned(n)
+        f.read_into(offset, copy)
+        assert copy.tobytes() == want
+        with pytest.raises(ValueError, match="needs"):
+            f.read_direct(offset, n, buf[: span - DIRECT_ALIGN])
+        with pytest.raises(GGUFError, match="outside the file"):
+            f.read_direct(f.file_size - 4, 8, buf)
+
+
+@pytest.mark.skipif(not hasattr(os, "O_DIRECT"), reason="O_DIRECT is Linux's")
+def test_a_file_system_that_refuses_direct_reads_gets_none(demo_path: Path, monkeypatch) -> None:
+    import errno
+    import fcntl
+
+    real = os.preadv
+
+    def refusing(fd, buffers, offset):  # as a file system that takes no direct read at this alignment
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real(fd, buffers, offset)
+
+    monkeypatch.setattr(os, "preadv", refusing)
+    with GGUFFile(demo_path) as f:
+        buf = _aligned(1 << 16)
+        assert f.read_direct(4096, 100, buf) is None
+        assert f.read_direct(0, 100, buf) is None  # remembered
+        f.read_into(4096, buf[:100])  # reads through the page cache still work
+        assert buf[:100].tobytes() == Path(demo_path).read_bytes()[4096:4196]
+    real_open = os.open
+    monkeypatch.setattr(os, "open", lambda path, flags, *a: (_ for _ in ()).throw(OSError(errno.EINVAL, "no"))
+                        if flags & os.O_DIRECT else real_open(path, flags, *a))
+    with GGUFFile(demo_path) as f:
+        assert f.read_direct(0, 100, _aligned(4096)) is None

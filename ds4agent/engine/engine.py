@@ -123,17 +123,23 @@ def _device_fit(f: GGUFFile, cfg: ModelConfig, backend: str, ctx: int, kernels: 
 # place ("device"). mlx-kquant's gather kernels read one contiguous tensor per layer and the
 # reference gathers from the mapped file: they keep every expert where it is.
 STREAMING = {"cpu": "host", "cpu-exact": "host", "gpu-host": "host", "metal": "device", "cuda": "device"}
+# The kernels that find each expert by its own address (ExpertRows), so that the pool may read
+# past the page cache and leave a matrix at its offset within a page of the file; the GPU
+# kernels address a slot plus one offset per matrix (expertpool.ExpertPool.offsets).
+BY_ADDRESS = ("cpu", "cpu-exact")
+
+
+def _chosen_kernels(backend: str, kernels: str | None) -> str:
+    from .. import settings
+
+    chosen = kernels or settings.kernels_choice()
+    return backend if chosen == "auto" else chosen
 
 
 def _pool_memory(backend: str, kernels: str | None) -> str | None:
     """Where the expert pool's slots would be for these kernels ("host", "device"), or None
     when they do not stream. Auto on Metal weighs kquant too, but not when experts stream."""
-    from .. import settings
-
-    chosen = kernels or settings.kernels_choice()
-    if chosen == "auto":
-        chosen = backend
-    return STREAMING.get(chosen)
+    return STREAMING.get(_chosen_kernels(backend, kernels))
 
 
 def _expert_pool(f: GGUFFile, cfg: ModelConfig, backend: str, ctx: int, kernels: str | None,
@@ -227,7 +233,8 @@ def _expert_pool_sized(f: GGUFFile, cfg: ModelConfig, backend: str, ctx: int, ke
 
         allocate = device_buffer
     try:
-        pool = expertpool.ExpertPool(f, cfg, budget, policy=settings.pool_policy(), allocate=allocate)
+        direct = settings.pool_direct() and _chosen_kernels(backend, kernels) in BY_ADDRESS
+        pool = expertpool.ExpertPool(f, cfg, budget, policy=settings.pool_policy(), allocate=allocate, direct=direct)
     except (expertpool.PoolError, ValueError) as e:  # resident.DeviceMemoryError is a ValueError
         raise EngineError(str(e)) from None
     total = cfg.n_layer * cfg.n_expert
@@ -382,13 +389,13 @@ class Engine:
 
     def streaming(self) -> dict[str, float] | None:
         """The expert pool's counters (hits, misses, prefetches used and wasted, bytes read,
-        seconds waited: expertpool.PoolStats) and its size in slots, or None when the routed
-        experts do not stream."""
+        seconds waited: expertpool.PoolStats), its size in slots and whether it reads past the
+        page cache ("direct"), or None when the routed experts do not stream."""
         pool = self._parts.pool
         if pool is None:
             return None
         return {**pool.stats.as_dict(), "slots": pool.slots, "slot_bytes": pool.slot_bytes,
-                "experts": self.info.config.n_layer * self.info.config.n_expert}
+                "experts": self.info.config.n_layer * self.info.config.n_expert, "direct": pool.direct}
 
     def save_expert_profile(self, path: str | os.PathLike[str]) -> None:
         """Write how often each routed expert was asked for since open (a popularity profile

@@ -5,10 +5,12 @@ Every token reads the dense weights, so they stay resident; of the routed expert
 of the file) a token reads 6 per layer. The pool keeps whole experts (gate, up and down of one
 expert of one layer) in slots of memory it owns, one anonymous mapping allocated at open and
 never grown: the budget is a number of slots, and nothing the routing does can make it larger.
-A miss is read with pread into a free or evicted slot, and the file's pages it went through are
-dropped from the page cache, so the bytes are not held twice (with plain mmap the page cache
-holds every expert a token touched, and under a memory limit evicts the dense weights that the
-next token needs first).
+A miss is read into a free or evicted slot past the page cache where the OS allows it (O_DIRECT:
+the disk writes the slot, the CPU copies nothing and no page-cache page is made for a memory
+limit to charge and reclaim), else with pread through the page cache, whose pages are then
+dropped; either way the bytes are not held twice (with plain mmap the page cache holds every
+expert a token touched, and under a memory limit evicts the dense weights that the next token
+needs first).
 
 The kernels read experts through ``ExpertRows``: one address per expert for each of the three
 matrices. Over the mapped file every address is there (the resident case); from the pool only
@@ -43,10 +45,9 @@ from typing import Callable, Iterator
 import numpy as np
 
 from ..modelfile.config import ModelConfig
-from ..modelfile.gguf import GGUFFile
+from ..modelfile.gguf import DIRECT_ALIGN, GGUFFile
 
 GiB = 1 << 30
-ALIGN = 64  # each matrix of a slot starts on a cache line
 PAGE = mmap.PAGESIZE
 MLOCK_ONFAULT = 1  # linux/mman.h
 POLICIES = ("lru", "lfu")
@@ -107,11 +108,16 @@ class ExpertRows:
 @dataclass(frozen=True)
 class _Layer:
     """One layer's expert tensors in the file: where expert 0 of each matrix starts, how many
-    bytes one expert of it takes, where it goes in a slot."""
+    bytes one expert of it takes, where its region in a slot starts.
+
+    Each matrix has a region of whole DIRECT_ALIGN pages with one page to spare, so that a direct
+    read (GGUFFile.read_direct, whole pages of the file) lands the matrix in its region at the
+    offset it has within its first page, wherever the file puts it; a read through the page
+    cache (over memory the pool was given) lands it at the region's start."""
 
     starts: tuple[int, int, int]  # absolute file offsets of expert 0: gate, up, down
     sizes: tuple[int, int, int]  # bytes per expert
-    at: tuple[int, int, int]  # offsets within a slot
+    at: tuple[int, int, int]  # offsets of the regions within a slot
     gu_type: int
     gu_row_bytes: int
     d_type: int
@@ -120,11 +126,16 @@ class _Layer:
 
     @property
     def slot_bytes(self) -> int:
-        return self.at[2] + _up(self.sizes[2], ALIGN)
+        return self.at[2] + _region(self.sizes[2])
 
 
 def _up(n: int, to: int) -> int:
     return -(-n // to) * to
+
+
+def _region(size: int) -> int:
+    """A matrix's region in a slot: what a direct read of ``size`` bytes may fill."""
+    return _up(size, DIRECT_ALIGN) + DIRECT_ALIGN
 
 
 def _layers(f: GGUFFile, cfg: ModelConfig) -> list[_Layer]:
@@ -136,8 +147,8 @@ def _layers(f: GGUFFile, cfg: ModelConfig) -> list[_Layer]:
                             f"{ts[1].type_name} {ts[1].dims})")
         sizes = tuple(t.nbytes // cfg.n_expert for t in ts)
         gate_at = 0
-        up_at = _up(sizes[0], ALIGN)
-        down_at = up_at + _up(sizes[1], ALIGN)
+        up_at = _region(sizes[0])
+        down_at = up_at + _region(sizes[1])
         out.append(_Layer(tuple(t.offset for t in ts), sizes, (gate_at, up_at, down_at), ts[0].type,
                           ts[0].row_bytes, ts[2].type, ts[2].row_bytes, ts[0].shape[1]))
     return out
@@ -196,10 +207,16 @@ class ExpertPool:
     threads read. ``allocate`` (bytes -> (a writable uint8 view of that many bytes, the object
     that owns them)) gives the slots' memory when it must be elsewhere than in an anonymous
     mapping of the process: the GPU kernels' device memory (kernels/resident.py
-    device_buffer), which the reads fill directly and the kernels read in place."""
+    device_buffer), which the reads fill directly and the kernels read in place.
+
+    ``direct``: the pool's own memory is filled by direct reads where the OS and file system
+    allow them (GGUFFile.read_direct), else, and always in given memory, by pread through the
+    page cache, whose pages are then dropped. Under a memory limit the direct reads decode
+    faster: no copy by the CPU, and no page-cache pages for the limit to charge and reclaim
+    (docs/streaming.md)."""
 
     def __init__(self, f: GGUFFile, cfg: ModelConfig, budget: int, policy: str = "lru", readers: int = 4,
-                 allocate: Callable[[int], tuple[np.ndarray, object]] | None = None) -> None:
+                 allocate: Callable[[int], tuple[np.ndarray, object]] | None = None, direct: bool = True) -> None:
         if policy not in POLICIES:
             raise PoolError(f"unknown eviction policy {policy!r} (choose from {', '.join(POLICIES)})")
         self.file, self.cfg, self.policy = f, cfg, policy
@@ -221,6 +238,10 @@ class ExpertPool:
                 raise PoolError(f"the memory given for the slots is not {size_text(size)} of writable bytes")
             self._buf = view[:size]
         self._base = self._buf.ctypes.data
+        # Reads go past the page cache while they can (off for given memory: device memory may
+        # not take a direct read, and the GPU kernels address a matrix at its region's start).
+        self.direct = direct and allocate is None
+        self._skip = np.zeros((self.slots, 3), dtype=np.int64)  # each matrix's offset in its region
         self._slot = [_Slot() for _ in range(self.slots)]
         self._where: dict[int, int] = {}  # key -> slot
         self._busy = np.zeros(self.slots, dtype=bool)  # held by a call, or being read
@@ -264,7 +285,10 @@ class ExpertPool:
         return self._mem
 
     def offsets(self, layer: int) -> tuple[int, int, int]:
-        """Where gate, up and down of ``layer``'s experts start within a slot."""
+        """Where gate, up and down of ``layer``'s experts start within a slot of a pool over given
+        memory (read through the page cache: every matrix at its region's start)."""
+        if self.direct:
+            raise ValueError("a pool read directly places each expert at its own offset: address it by ExpertRows")
         return self._layers[layer].at
 
     def spans(self, experts: np.ndarray) -> list[np.ndarray]:
@@ -306,8 +330,8 @@ class ExpertPool:
             slots = np.full(n, -1, dtype=np.int32)
             for e, s in zip(experts, held):
                 slots[e] = s
-                for table, at in zip(tables, lay.at):
-                    table[e] = self._base + s * self.slot_bytes + at
+                for table, at, skip in zip(tables, lay.at, self._skip[s].tolist()):
+                    table[e] = self._base + s * self.slot_bytes + at + skip
             yield ExpertRows(*tables, lay.gu_type, lay.gu_row_bytes, lay.d_type, lay.d_row_bytes, lay.F, self._buf,
                              slots)
         finally:
@@ -468,11 +492,18 @@ class ExpertPool:
         lay = self._layers[layer]
         t0 = time.perf_counter()
         base = s * self.slot_bytes
+        skips = [0, 0, 0]
         try:
-            for start, size, at in zip(lay.starts, lay.sizes, lay.at):
+            for part, (start, size, at) in enumerate(zip(lay.starts, lay.sizes, lay.at)):
                 offset = start + e * size
-                self.file.read_into(offset, self._buf[base + at : base + at + size])
-                self.file.drop_cached(offset, size)
+                region = self._buf[base + at : base + at + _region(size)]
+                skip = self.file.read_direct(offset, size, region) if self.direct else None
+                if skip is None:  # given memory, or the OS or file system reads no other way
+                    self.direct = False
+                    self.file.read_into(offset, region[:size])
+                    self.file.drop_cached(offset, size)
+                    skip = 0
+                skips[part] = skip
         except BaseException:
             with self._lock:  # the slot holds nothing usable: forget it
                 slot = self._slot[s]
@@ -487,6 +518,7 @@ class ExpertPool:
         with self._lock:
             self.stats.bytes_read += sum(lay.sizes)
             self.stats.read_s += time.perf_counter() - t0
+            self._skip[s] = skips
             slot = self._slot[s]
             slot.loading = None
             self._busy[s] = slot.pins > 0

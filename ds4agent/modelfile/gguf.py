@@ -16,6 +16,7 @@ Layout (all little-endian)::
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import struct
@@ -33,6 +34,9 @@ SUPPORTED_VERSION = 3
 DEFAULT_ALIGNMENT = 32
 # GGML tensors have at most four dimensions; more means a corrupt directory.
 MAX_DIMS = 4
+# What direct reads (read_direct: O_DIRECT) align their file offsets, lengths and memory to: the
+# largest logical block size of the disks and file systems in use (512 or 4096 bytes), one page.
+DIRECT_ALIGN = 4096
 # Arrays of arrays: the format allows them, but real files use at most a level or two (the
 # Flash file has none). Each level is one Python call, so a damaged header nesting thousands
 # deep would exhaust the interpreter's recursion limit; 8 is far beyond any real use and far
@@ -113,6 +117,12 @@ def type_name(ggml_type: int) -> str:
 def block_info(ggml_type: int) -> tuple[int, int]:
     """(elements per block, bytes per block) for a GGML type; KeyError if unknown."""
     return GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
+
+
+def direct_span(offset: int, length: int) -> int:
+    """Bytes a direct read (GGUFFile.read_direct) of ``length`` bytes at ``offset`` fills: the
+    whole DIRECT_ALIGN pages that hold them."""
+    return -(-(offset % DIRECT_ALIGN + length) // DIRECT_ALIGN) * DIRECT_ALIGN
 
 
 def tensor_nbytes(ggml_type: int, dims: Iterable[int]) -> int:
@@ -287,6 +297,8 @@ class GGUFFile:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = str(path)
         self._fd: int | None = None  # for read_into, opened on first use
+        self._direct_fd: int | None = None  # for read_direct: opened on first use, -1 if refused
+        self._direct_refused = False  # the file system refused a direct read's alignment
         self._fd_lock = threading.Lock()
         p = Path(path)
         if not p.exists():
@@ -438,6 +450,49 @@ class GGUFFile:
             except OSError:
                 pass
 
+    def read_direct(self, offset: int, length: int, out: memoryview | np.ndarray) -> int | None:
+        """Read the whole DIRECT_ALIGN-byte pages that hold the file's bytes ``offset`` ..
+        ``offset + length`` into ``out`` past the page cache (O_DIRECT): the device writes them
+        where they are wanted, with no copy by the CPU and nothing left in the page cache (which
+        a memory limit would charge, and whose reclaim would take the CPU from decode). ``out``
+        starts on a DIRECT_ALIGN boundary and holds ``direct_span(offset, length)`` bytes.
+        Returns where in ``out`` the bytes start (``offset % DIRECT_ALIGN``), or None where this
+        OS or file system does not read that way (then use read_into)."""
+        if offset < 0 or length < 0 or offset + length > self.file_size:
+            raise GGUFError(f"{self.path}: read of {length} bytes at {offset} is outside the file")
+        fd = self._direct_read_fd()
+        if fd < 0 or self._direct_refused:
+            return None
+        view = memoryview(out).cast("B")
+        skip = offset % DIRECT_ALIGN
+        start, want = offset - skip, skip + length
+        span = direct_span(offset, length)
+        if len(view) < span:
+            raise ValueError(f"a direct read of {length} bytes at {offset} needs {span} bytes, not {len(view)}")
+        done = 0
+        while done < want:
+            try:
+                n = os.preadv(fd, [view[done:span]], start + done)
+            except OSError as e:
+                if e.errno == errno.EINVAL and done == 0:  # alignment this file system will not take
+                    self._direct_refused = True  # the fd stays open until close(): others may hold it
+                    return None
+                raise
+            if n <= 0:
+                raise GGUFError(f"{self.path}: file ended at {start + done}, inside a tensor")
+            done += n
+        return skip
+
+    def _direct_read_fd(self) -> int:
+        with self._fd_lock:
+            if self._direct_fd is None:
+                try:
+                    self._direct_fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_DIRECT", 0)) \
+                        if hasattr(os, "O_DIRECT") else -1
+                except OSError:
+                    self._direct_fd = -1
+            return self._direct_fd
+
     def _read_fd(self) -> int:
         with self._fd_lock:
             if self._fd is None:
@@ -476,6 +531,9 @@ class GGUFFile:
             if self._fd is not None:
                 os.close(self._fd)
                 self._fd = None
+            if self._direct_fd is not None and self._direct_fd >= 0:
+                os.close(self._direct_fd)
+            self._direct_fd = None
         try:
             self._mm.close()
         except BufferError:

@@ -310,7 +310,8 @@ class ChatCommands:
         pool = c.engine.streaming()
         if pool is not None:
             self.out.line(f"  experts      {pool['slots']} of {pool['experts']} resident, the rest streamed: "
-                          f"{100 * pool['hit_rate']:.1f}% found, {pool['bytes_read'] / 2**30:.2f} GiB read, "
+                          f"{100 * pool['hit_rate']:.1f}% found, {pool['bytes_read'] / 2**30:.2f} GiB read "
+                          f"{'past' if pool['direct'] else 'through'} the page cache, "
                           f"{pool['prefetch_used']} of {pool['prefetched']} read ahead used, "
                           f"{pool['stall_s']:.1f} s waited")
 

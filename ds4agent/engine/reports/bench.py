@@ -98,7 +98,8 @@ def streaming_note(engine: Engine, decoded: int) -> str | None:
     if decoded:
         per = f" ({s['bytes_read'] / decoded / 2**20:.0f} MiB per decoded token, prefill included)"
     return (f"expert pool: {s['slots']} of {s['experts']} experts resident, {100 * s['hit_rate']:.1f}% of those "
-            f"asked for found, {s['bytes_read'] / 2**30:.2f} GiB read{per}, reads ahead {s['prefetch_used']} used "
+            f"asked for found, {s['bytes_read'] / 2**30:.2f} GiB read{per} "
+            f"{'past' if s['direct'] else 'through'} the page cache, reads ahead {s['prefetch_used']} used "
             f"and {s['wasted']} wasted of {s['prefetched']}, {s['stall_s']:.1f} s waited for reads")
 
 
