@@ -297,7 +297,7 @@ class GGUFFile:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = str(path)
         self._fd: int | None = None  # for read_into, opened on first use
-        self._direct_fd: int | None = None  # for read_direct: opened on first use, -1 if refused
+        self._direct_fd: int | None = None  # for read_direct: opened on first use, -1 if it cannot be
         self._direct_refused = False  # the file system refused a direct read's alignment
         self._fd_lock = threading.Lock()
         p = Path(path)
@@ -486,9 +486,8 @@ class GGUFFile:
     def _direct_read_fd(self) -> int:
         with self._fd_lock:
             if self._direct_fd is None:
-                try:
-                    self._direct_fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_DIRECT", 0)) \
-                        if hasattr(os, "O_DIRECT") else -1
+                try:  # no O_DIRECT (macOS) or a file system that will not open with it: -1
+                    self._direct_fd = os.open(self.path, os.O_RDONLY | os.O_DIRECT) if hasattr(os, "O_DIRECT") else -1
                 except OSError:
                     self._direct_fd = -1
             return self._direct_fd
