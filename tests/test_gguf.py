@@ -429,3 +429,24 @@ def test_a_file_system_that_refuses_direct_reads_gets_none(demo_path: Path, monk
                         if flags & os.O_DIRECT else real_open(path, flags, *a))
     with GGUFFile(demo_path) as f:
         assert f.read_direct(0, 100, _aligned(4096)) is None
+
+
+def test_reads_for_the_expert_pool_skip_the_cache_where_the_os_has_f_nocache(demo_path: Path, monkeypatch) -> None:
+    """macOS cannot drop pages from its cache after a read (no posix_fadvise), so read_into's
+    descriptor is opened with F_NOCACHE there; elsewhere no such call is made. (The flag's value
+    is stood in for here: this machine's fcntl has no F_NOCACHE.)"""
+    import fcntl
+
+    calls = []
+    real = fcntl.fcntl
+    monkeypatch.setattr(fcntl, "fcntl", lambda fd, cmd, arg=0: calls.append((cmd, arg)) or (
+        0 if cmd == 48 else real(fd, cmd, arg)))
+    want = Path(demo_path).read_bytes()[100:200]
+    monkeypatch.delattr(fcntl, "F_NOCACHE", raising=False)
+    with GGUFFile(demo_path) as f:
+        f.read_into(100, buf := bytearray(100))
+        assert bytes(buf) == want and calls == []
+    monkeypatch.setattr(fcntl, "F_NOCACHE", 48, raising=False)
+    with GGUFFile(demo_path) as f:
+        f.read_into(100, buf := bytearray(100))
+        assert bytes(buf) == want and calls == [(48, 1)]

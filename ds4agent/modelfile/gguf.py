@@ -17,6 +17,7 @@ Layout (all little-endian)::
 from __future__ import annotations
 
 import errno
+import fcntl as _fcntl
 import mmap
 import os
 import struct
@@ -443,7 +444,8 @@ class GGUFFile:
 
     def drop_cached(self, offset: int, length: int) -> None:
         """Advise the OS that the page cache need not keep these bytes (after read_into copied
-        them). Only advice, and only where posix_fadvise exists (not macOS)."""
+        them). Only advice, and only where posix_fadvise exists (not macOS, where read_into skips
+        the cache instead)."""
         if hasattr(os, "posix_fadvise"):
             try:
                 os.posix_fadvise(self._read_fd(), offset, length, os.POSIX_FADV_DONTNEED)
@@ -479,7 +481,7 @@ class GGUFFile:
                     return None
                 raise
             if n <= 0:
-                raise GGUFError(f"{self.path}: file ended at {start + done}, inside a tensor")
+                raise GGUFError(f"{self.path}: the file ended at byte {start + done} (was it truncated?)")
             done += n
         return skip
 
@@ -495,7 +497,17 @@ class GGUFFile:
     def _read_fd(self) -> int:
         with self._fd_lock:
             if self._fd is None:
-                self._fd = os.open(self.path, os.O_RDONLY)
+                fd = os.open(self.path, os.O_RDONLY)
+                # macOS has no posix_fadvise to drop what a read left in its unified buffer cache,
+                # so its reads skip that cache instead (F_NOCACHE): a pool over the GPU's memory
+                # would otherwise leave a second copy of every expert it read.
+                nocache = getattr(_fcntl, "F_NOCACHE", None)
+                if nocache is not None:
+                    try:
+                        _fcntl.fcntl(fd, nocache, 1)
+                    except OSError:
+                        pass
+                self._fd = fd
             return self._fd
 
     def release_pages(self, name: str) -> None:
