@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -230,8 +231,9 @@ def main() -> None:
                 print(line, flush=True)
                 decode.setdefault(mode, []).append(r["decode_tps"])
             if a.repeat > 1:
-                med = {m: sorted(v)[len(v) // 2] for m, v in decode.items()}
-                ratio = f", pool/mmap {med['pool'] / med['mmap']:.2f}" if {"pool", "mmap"} <= med.keys() else ""
+                med = {m: statistics.median(v) for m, v in decode.items()}  # of an even count: the middle two's mean
+                ratio = "".join(f", {m}/mmap {v / med['mmap']:.2f}" for m, v in med.items()
+                                if m.startswith("pool") and "mmap" in med)
                 print(f"{Path(model).name} cap {frac:g}: median decode " +
                       ", ".join(f"{m} {v:.2f} t/s" for m, v in med.items()) + ratio, flush=True)
 
